@@ -1,0 +1,49 @@
+"""Arguments shared by the generating commands (llama.cpp's names where they exist)."""
+from __future__ import annotations
+
+import argparse
+
+from tightfit.runtime.sampler import SamplingParams
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", help="qwen35 GGUF file (default: the built-in random demo model)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    d = SamplingParams()
+    p.add_argument("--temp", type=float, default=d.temperature, help=f"temperature; 0 = greedy (default {d.temperature})")
+    p.add_argument("--top-k", type=int, default=d.top_k, help=f"top-k, 0 = off (default {d.top_k})")
+    p.add_argument("--top-p", type=float, default=d.top_p, help=f"top-p, 1 = off (default {d.top_p})")
+    p.add_argument("--min-p", type=float, default=d.min_p, help=f"min-p, 0 = off (default {d.min_p})")
+    p.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty)
+    p.add_argument("--repeat-last-n", type=int, default=d.repeat_last_n)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("-s", "--seed", type=int, default=None, help="RNG seed (default: random)")
+
+
+def sampling_from_args(a: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
+                          repeat_penalty=a.repeat_penalty, repeat_last_n=a.repeat_last_n,
+                          presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
+                          seed=a.seed).validate()
+
+
+def resolve_model(a: argparse.Namespace) -> str:
+    if a.model:
+        return a.model
+    import sys
+
+    from tightfit.model.demo import demo_model_path
+    path = demo_model_path()
+    print(f"tightfit: no -m given; using the built-in demo model {path} (RANDOM weights: its text is "
+          f"gibberish; it only shows the engine working)", file=sys.stderr)
+    return str(path)
+
+
+def load_from_args(a: argparse.Namespace):
+    from tightfit.runtime.loader import load_engine
+    return load_engine(resolve_model(a), device=a.device, n_ctx=a.ctx_size)

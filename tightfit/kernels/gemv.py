@@ -1,0 +1,140 @@
+"""GEMV dispatcher: y[N, n_out] = x[N, n_in] . W^T with W as raw GGUF blocks on the device.
+
+`gemv(x, w_raw, qtype, n_out, n_in)` quantizes x to int8 per 32 (quantize_act) and runs the
+shared skeleton (gemv_kernel.py) with the format's body. `gemv_quantized` takes activations that
+were quantized once and feed several matrices (q/k/v, gate/up). The reference is `gemv_ref`:
+tightfit.quant's NumPy dequantization and a float64 matmul.
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import numpy as np
+import torch
+import triton
+
+from tightfit.kernels.gemv_kernel import gemv_q_kernel, MACRO_BYTES, ACT_LAYOUT
+from tightfit.kernels.gemv_float import gemv_float_kernel
+from tightfit.kernels.quantize_act import quantize_act, QuantAct
+
+FLOAT_TYPES = {0: 0, 1: 1, 30: 2}          # F32, F16, BF16 -> kernel WDT
+QUANT_TYPES = frozenset(MACRO_BYTES)
+_GRID_NAME = {16: "iq2xxs", 17: "iq2xs", 22: "iq2s", 18: "iq3xxs", 21: "iq3s"}
+_NAMES = {0: "F32", 1: "F16", 30: "BF16", 2: "Q4_0", 6: "Q5_0", 8: "Q8_0", 10: "Q2_K",
+          11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 16: "IQ2_XXS", 17: "IQ2_XS",
+          18: "IQ3_XXS", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 35: "TQ2_0",
+          41: "Q1_0", 42: "Q2_0"}
+SUPPORTED = frozenset(FLOAT_TYPES) | QUANT_TYPES
+
+
+def type_id(qtype) -> int:
+    if isinstance(qtype, str):
+        inv = {v: k for k, v in _NAMES.items()}
+        if qtype.upper() not in inv:
+            raise ValueError(f"gemv: unknown type {qtype!r}")
+        return inv[qtype.upper()]
+    return int(qtype)
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@lru_cache(maxsize=None)
+def _tables(device: str):
+    from tightfit.kernels.gemv_iq import host_tables
+    t = host_tables()
+    return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in t.items()}
+
+
+def pick_config(qtype: int, n: int, n_out: int, nb: int) -> dict:
+    """(R rows, KB blocks, SPLIT, num_warps) for a shape. R*KB >= 32*num_warps keeps all NP
+    columns of the accumulator inside one thread. SPLIT grows the grid to >= ~4 programs per SM
+    of a 132-SM H200 when the row tiles alone are too few."""
+    R, KB, warps = 16, 8, 4      # best of 4 configs on IQ4_XS 5120->17408, N=1 (bench/NOTES.md)
+    if n >= 8:
+        R, KB, warps = 16, 4, 2
+    tiles = triton.cdiv(n_out, R)
+    split = 1
+    chunks = triton.cdiv(nb, KB)
+    while tiles * split < 528 and split * 2 <= chunks:
+        split *= 2
+    return {"R": R, "KB": KB, "SPLIT": split, "num_warps": warps}
+
+
+def gemv_quantized(act: QuantAct, w_raw: torch.Tensor, qtype, n_out: int,
+                   out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+    t = type_id(qtype)
+    n, n_in = act.n, act.k
+    if t not in QUANT_TYPES:
+        raise ValueError(f"gemv: type {_NAMES.get(t, t)} has no quantized kernel")
+    if n_in % 256:
+        raise ValueError(f"gemv: n_in={n_in} is not a multiple of 256")
+    if act.layout != ACT_LAYOUT.get(t, 0):
+        raise ValueError("gemv: activations were quantized for another layout")
+    nb = n_in // 256
+    row_bytes = nb * MACRO_BYTES[t]
+    if w_raw.numel() != n_out * row_bytes:
+        raise ValueError(f"gemv: w_raw has {w_raw.numel()} bytes, expected {n_out}x{row_bytes}")
+    cfg = dict(pick_config(t, n, n_out, nb))
+    if config:
+        cfg.update(config)
+    if out is None:
+        out = torch.empty((n, n_out), dtype=torch.float32, device=w_raw.device)
+    if cfg["SPLIT"] > 1:
+        out.zero_()
+    dev = str(w_raw.device)
+    if t in _GRID_NAME:
+        tabs = _tables(dev)
+        tg, tsm = tabs[_GRID_NAME[t]], tabs["sign"]
+    else:
+        tg = tsm = act.d   # unused by the body; any pointer will do
+    np2 = triton.next_power_of_2(n)
+    grid = (triton.cdiv(n_out, cfg["R"]), cfg["SPLIT"])
+    gemv_q_kernel[grid](w_raw, act.q, act.d, act.s16, out, tg, tsm,
+                        n, n_out, nb, row_bytes,
+                        FMT=t, MB=MACRO_BYTES[t], NP=np2, R=cfg["R"], KB=cfg["KB"],
+                        SPLIT=cfg["SPLIT"], EMU=_interpret() or w_raw.device.type != "cuda",
+                        num_warps=cfg["num_warps"])
+    return out
+
+
+def gemv(x: torch.Tensor, w_raw: torch.Tensor, qtype, n_out: int, n_in: int,
+         out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+    """y[N, n_out] float32 = x[N, n_in] . W^T, W given as n_out rows of raw GGUF blocks (uint8)."""
+    t = type_id(qtype)
+    if x.dim() == 1:
+        x = x[None, :]
+    if x.shape[1] != n_in:
+        raise ValueError(f"gemv: x has {x.shape[1]} columns, expected {n_in}")
+    if t in FLOAT_TYPES:
+        n = x.shape[0]
+        if out is None:
+            out = torch.empty((n, n_out), dtype=torch.float32, device=w_raw.device)
+        xf = x.to(torch.float32).contiguous()
+        R, BK = 16, 128
+        gemv_float_kernel[(triton.cdiv(n_out, R),)](w_raw, xf, out, n, n_out, n_in,
+                                                    WDT=FLOAT_TYPES[t],
+                                                    NP=triton.next_power_of_2(n), R=R, BK=BK,
+                                                    num_warps=4)
+        return out
+    act = quantize_act(x, ACT_LAYOUT.get(t, 0))
+    return gemv_quantized(act, w_raw, t, n_out, out=out, config=config)
+
+
+def gemv_ref(x: np.ndarray, w_raw: np.ndarray, qtype, n_out: int, n_in: int) -> np.ndarray:
+    """Slow reference: dequantize W with NumPy (tightfit.quant) and multiply in float64."""
+    t = type_id(qtype)
+    try:
+        from tightfit.quant.dequant import dequantize
+        w = dequantize(np.asarray(w_raw, np.uint8).reshape(-1), t, (n_out, n_in))
+    except ImportError:   # the quant package lands in parallel; gguf-py is the fallback
+        import gguf.quants
+        w = gguf.quants.dequantize(np.asarray(w_raw, np.uint8).reshape(n_out, -1),
+                                   gguf.GGMLQuantizationType(t))
+    return np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+
+
+def type_name(t: int) -> str:
+    return _NAMES.get(t, str(t))

@@ -1,0 +1,437 @@
+"""The VRAM bill (seed 000 '第一步') and the planner that makes it fit.
+
+    Peak VRAM = GPU-resident weights + alignment
+              + full-attention KV cache + Gated DeltaNet recurrent state (two banks)
+              + persistent workspace + max(prefill scratch, decode scratch)
+              + staging buffers + safety reserve
+
+Every line is derived from the geometry in `Qwen35Config` and the exact byte counts of the tensors;
+each formula is written next to its code and repeated in the line's `formula` text. The planner
+never truncates the context or downgrades the KV format on its own: if the bill does not fit after
+the allowed weight moves (embedding to the host, then output-row splits), the plan says so, and
+`require_fit` raises PlanError (exit 2) with what would fit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tightfit.errors import PlanError, UserError
+from tightfit.model.config import Qwen35Config
+from tightfit.plan.placement import (ModelInventory, Placement, TensorSpec, align_up,
+                                     build_placement, type_name)
+from tightfit.plan.rowsplit import check_exact_cover, host_rows_for, split_candidates
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+# ---- KV cache formats ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KVFormat:
+    """Bytes of `block` consecutive K (or V) elements of one head row. `runtime` says whether the
+    attention kernels can read it yet; the planner can price any registered format."""
+    name: str
+    block: int
+    block_bytes: int
+    runtime: bool = False
+    note: str = ""
+
+    def bytes_for(self, n_elems: int) -> int:
+        return -(-n_elems // self.block) * self.block_bytes
+
+
+KV_FORMATS: dict[str, KVFormat] = {
+    "f16": KVFormat("f16", 1, 2, runtime=True, note="default; seed 000 refuses to downgrade it"),
+    "q8_0": KVFormat("q8_0", 32, 34, note="ggml Q8_0 block: fp16 scale + 32 int8"),
+}
+
+
+def register_kv_format(fmt: KVFormat) -> None:
+    """Hook for the compressed formats of seed 004 (e.g. the original turbo3 block of 14 bytes per
+    32 values, spec/quant-formats.md §6.3) once their kernels exist."""
+    KV_FORMATS[fmt.name] = fmt
+
+
+def kv_format(name: str) -> KVFormat:
+    try:
+        return KV_FORMATS[name.lower()]
+    except KeyError:
+        raise UserError(f"unknown --kv-type {name!r}; known: {', '.join(KV_FORMATS)}") from None
+
+
+def kv_bytes_per_token(cfg: Qwen35Config, fmt: KVFormat) -> int:
+    # n_attention_layers x (K + V) x bytes(Hkv*D elements); 27B f16: 16 x 2 x 2048 = 65,536 B
+    return len(cfg.attention_ids) * 2 * fmt.bytes_for(cfg.kv_dim)
+
+
+# ---- constants of the bill -------------------------------------------------------------------
+STATE_BANKS = 2                # active + staging bank; swapped only after a clean step (seed 000)
+STATE_DTYPE_BYTES = 4          # conv and SSM states are F32 (spec/qwen35.md §4)
+ATTN_CHUNK = 1024              # decode attention: one partial per 1024 cached tokens (seed 000)
+EXCHANGE_TOKENS = 64           # prefill hands host-computed rows over in groups of <= 64 tokens
+GDN_PREFILL_CHUNK = 64         # chunked delta rule: a C x C matrix per head per chunk
+RESERVE_FIXED = 192 * MiB      # allocator slack, kernel images, cuBLAS handle workspace
+RESERVE_FRACTION = 0.01        # plus 1% of what the device reports free
+
+
+def q8_bytes(n: int) -> int:
+    """Activation quantized to int8 blocks of 32 with one fp32 scale each (Q8_F32S, seed 000)."""
+    return n + 4 * (-(-n // 32))
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    ctx: int
+    available: int                 # bytes the device can give us (real free memory)
+    kv_type: str = "f16"
+    batch: int = 1                 # decode width (speculative verify)
+    host_embd: str = "auto"        # auto | yes | no
+    split: bool = True             # allow output-row splits
+    include_mtp: bool = False      # single-token mode leaves blk.<n_layer>+ out
+    prefill_chunk: int = 512       # tokens per prefill step
+    reserve: int | None = None     # override the safety reserve
+
+    def validate(self, cfg: Qwen35Config) -> None:
+        if self.ctx < 1:
+            raise UserError(f"--ctx must be at least 1, got {self.ctx}")
+        if self.ctx > cfg.n_ctx_train:
+            raise UserError(f"--ctx {self.ctx} exceeds the model's trained context {cfg.n_ctx_train}")
+        if self.batch < 1 or self.prefill_chunk < 1:
+            raise UserError("--batch and the prefill chunk must be at least 1")
+        if self.host_embd not in ("auto", "yes", "no"):
+            raise UserError(f"--host-embd must be auto, yes or no, got {self.host_embd!r}")
+        if self.available < 0:
+            raise UserError("available VRAM cannot be negative")
+        kv_format(self.kv_type)
+
+
+@dataclass
+class BillLine:
+    key: str
+    label: str
+    bytes: int
+    formula: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+# ---- the lines that do not depend on placement ------------------------------------------------
+def _decode_scratch(cfg: Qwen35Config, T: int, ctx: int, partials: bool) -> dict[str, int]:
+    """Per-block intermediates for T tokens; blocks run one after another, so the scratch is the
+    largest of them (reused by every block)."""
+    E, H, D, F = cfg.n_embd, cfg.n_head, cfg.head_dim, cfg.n_ff
+    # FFN: gate and up f32; SiLU(gate)*up overwrites gate and its Q8 copy overwrites up; normed x
+    # f32 + its Q8 copy. 27B, T=1: 2*17408*4 + 5120*4 + 5760 = 165,504 B (seed 000's FFN workspace)
+    ffn = T * (2 * F * 4 + E * 4 + q8_bytes(E))
+    # GDN: raw qkv + conv output (conv_dim f32 each), z gate and core output (value_dim f32 each),
+    # alpha and beta (Hv f32 each), normed x f32, one Q8 activation of the wider input
+    gdn = T * (2 * cfg.conv_dim * 4 + 2 * cfg.value_dim * 4 + 2 * cfg.ssm_v_heads * 4 + E * 4
+               + q8_bytes(max(E, cfg.value_dim)))
+    # Attention: q+gate (2*H*D), k and v (Hkv*D each), output (H*D), normed x, Q8 activation
+    attn = T * (2 * H * D * 4 + 2 * cfg.kv_dim * 4 + H * D * 4 + E * 4 + q8_bytes(max(E, H * D)))
+    n_chunks = -(-ctx // ATTN_CHUNK) if (partials and ctx > ATTN_CHUNK) else 0
+    # two-stage decode attention past 1024 tokens: per (chunk, query head) an f32 max, an f32
+    # numerator of D and an f64 denominator: 27B at 32K = 32 x 24 x 1036 = 795,648 B
+    attn_partials = T * n_chunks * H * (4 + 4 * D + 8)
+    head = T * (E * 4 + q8_bytes(E))          # final norm + Q8 input of the output head
+    return {"ffn": ffn, "gdn": gdn, "attention": attn + attn_partials,
+            "attention_partials": attn_partials, "output_head": head}
+
+
+def _fixed_lines(cfg: Qwen35Config, o: PlanOptions) -> dict[str, BillLine]:
+    fmt = kv_format(o.kv_type)
+    E, V, B = cfg.n_embd, cfg.n_vocab, o.batch
+    per_tok = kv_bytes_per_token(cfg, fmt)
+    kv = BillLine("kv_cache", f"Full-attention KV cache ({fmt.name})", o.ctx * per_tok,
+                  "ctx x n_attn_layers x 2 x bytes(n_head_kv x head_dim)",
+                  {"bytes_per_token": per_tok, "attention_layers": len(cfg.attention_ids),
+                   "kv_type": fmt.name})
+    per_layer = (cfg.conv_state_elems + cfg.ssm_state_elems) * STATE_DTYPE_BYTES
+    n_rec = len(cfg.recurrent_ids)
+    state = BillLine("recurrent_state", "Gated DeltaNet recurrent state (2 banks)",
+                     STATE_BANKS * n_rec * per_layer,
+                     "banks x n_gdn_layers x ((K-1) x conv_dim + S x d_inner) x 4",
+                     {"bytes_per_layer": per_layer, "bytes_per_bank": n_rec * per_layer,
+                      "gdn_layers": n_rec, "banks": STATE_BANKS,
+                      "conv_bytes_per_layer": cfg.conv_state_elems * STATE_DTYPE_BYTES,
+                      "ssm_bytes_per_layer": cfg.ssm_state_elems * STATE_DTYPE_BYTES})
+    # hidden + residual f32 and the logits for B tokens, token ids + positions, one status word
+    ws_parts = {"hidden_residual": B * 2 * E * 4, "logits": B * V * 4, "ids_positions": B * 8,
+                "status": 4}
+    ws = BillLine("workspace", "Persistent workspace", sum(ws_parts.values()),
+                  "batch x (2 x E x 4 + n_vocab x 4 + 8) + 4", ws_parts)
+    dec = _decode_scratch(cfg, B, o.ctx, partials=True)
+    P = min(o.prefill_chunk, o.ctx)
+    pre = _decode_scratch(cfg, P, o.ctx, partials=False)   # prefill attention is tiled, no partials
+    pre_extra = {"chunk_hidden_residual": P * 2 * E * 4,
+                 "gdn_chunk_matrices": -(-P // GDN_PREFILL_CHUNK) * cfg.ssm_v_heads
+                 * GDN_PREFILL_CHUNK * GDN_PREFILL_CHUNK * 4}
+    dec_bytes = max(v for k, v in dec.items() if k != "attention_partials")
+    pre_bytes = max(v for k, v in pre.items() if k != "attention_partials") + sum(pre_extra.values())
+    scratch = BillLine("scratch", "Scratch: max(prefill, decode)", max(dec_bytes, pre_bytes),
+                       "max(decode: T=batch largest block incl. attention partials, "
+                       "prefill: T=min(chunk, ctx) largest block + chunk hidden + GDN chunk matrices)",
+                       {"decode_bytes": dec_bytes, "prefill_bytes": pre_bytes, "prefill_tokens": P,
+                        "decode": dec, "prefill": {**pre, **pre_extra}})
+    return {"kv_cache": kv, "recurrent_state": state, "workspace": ws, "scratch": scratch}
+
+
+def _exchange_tokens(o: PlanOptions, t: TensorSpec) -> int:
+    # the output head runs for the last prompt token only (state-only prefill), so B tokens
+    return o.batch if t.name == "output.weight" else max(o.batch, min(o.prefill_chunk, o.ctx,
+                                                                      EXCHANGE_TOKENS))
+
+
+def _staging(cfg: Qwen35Config, o: PlanOptions, host_embd: bool, exchange: int) -> BillLine:
+    T = max(o.batch, min(o.prefill_chunk, o.ctx, EXCHANGE_TOKENS))
+    emb = T * cfg.n_embd * 4 if host_embd else 0
+    return BillLine("staging", "Staging buffers (device side)", emb + exchange,
+                    "host_embd x T x E x 4 + 2 x max_split(tokens x (K + host_rows) x 4)",
+                    {"embedding_rows": emb, "row_split_exchange": exchange, "tokens": T})
+
+
+def _reserve(o: PlanOptions) -> int:
+    return o.reserve if o.reserve is not None else RESERVE_FIXED + int(o.available * RESERVE_FRACTION)
+
+
+# ---- the planner -----------------------------------------------------------------------------
+@dataclass
+class Plan:
+    inventory: ModelInventory
+    options: PlanOptions
+    placement: Placement
+    host_embd: bool
+    lines: list[BillLine]
+    fits: bool
+    max_ctx_that_fits: int = 0
+    max_ctx_same_placement: int = 0
+    would_fit: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def line(self, key: str) -> BillLine:
+        return next(l for l in self.lines if l.key == key)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(l.bytes for l in self.lines)
+
+    @property
+    def available_bytes(self) -> int:
+        return self.options.available
+
+    @property
+    def host_weights_bytes(self) -> int:
+        return self.placement.host_bytes
+
+    def layout(self) -> list[tuple[str, int, int]]:
+        """(region, offset, bytes) of the ONE device arena, in order; the reserve is not allocated."""
+        out, off = [], 0
+        regions = [("weights", self.placement.weights_region_bytes),
+                   ("kv_cache", self.line("kv_cache").bytes)]
+        bank = self.line("recurrent_state").bytes // STATE_BANKS
+        regions += [(f"recurrent_state.bank{i}", bank) for i in range(STATE_BANKS)]
+        regions += [(k, self.line(k).bytes) for k in ("workspace", "scratch", "staging")]
+        for name, n in regions:
+            out.append((name, off, n))
+            off = align_up(off + n)
+        return out
+
+    @property
+    def arena_bytes(self) -> int:
+        name, off, n = self.layout()[-1]
+        return align_up(off + n)
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"model": self.inventory.source, "ctx": self.options.ctx,
+                             "kv_type": self.options.kv_type, "batch": self.options.batch,
+                             "prefill_chunk": self.options.prefill_chunk,
+                             "host_embd": self.host_embd}
+        for l in self.lines:
+            d[f"{l.key}_bytes"] = l.bytes
+        d.update(total_bytes=self.total_bytes, available_bytes=self.available_bytes,
+                 fits=self.fits, host_weights_bytes=self.host_weights_bytes,
+                 max_ctx_that_fits=self.max_ctx_that_fits,
+                 max_ctx_same_placement=self.max_ctx_same_placement,
+                 arena_bytes=self.arena_bytes,
+                 lines=[{"key": l.key, "label": l.label, "bytes": l.bytes, "formula": l.formula,
+                         "details": l.details} for l in self.lines],
+                 placement=self.placement.summary(self.inventory.tensors),
+                 would_fit=self.would_fit, notes=self.notes)
+        return d
+
+
+class _Solver:
+    """Aggregates that make one planning attempt O(number of split candidates)."""
+
+    def __init__(self, inv: ModelInventory, o: PlanOptions):
+        self.inv, self.o, self.cfg = inv, o, inv.config
+        self.needed = inv.needed(o.include_mtp)
+        self.emb = inv.tensors["token_embd.weight"]
+        self.fixed = _fixed_lines(self.cfg, o)
+        self.fixed_total = sum(align_up(l.bytes) for l in self.fixed.values())
+        self.region_all = sum(align_up(t.nbytes) for t in self.needed)
+        self.reserve = _reserve(o)
+
+    def total(self, region: int, host_embd: bool, exchange: int) -> int:
+        st = _staging(self.cfg, self.o, host_embd, exchange).bytes
+        return region + self.fixed_total + align_up(st) + self.reserve
+
+    def solve(self, split: bool) -> tuple[bool, dict[str, int], bool]:
+        """(host_embd, host_rows, fits) following the documented order of moves."""
+        o, avail = self.o, self.o.available
+        choices = {"no": [False], "yes": [True], "auto": [False, True]}[o.host_embd]
+        for he in choices:
+            region = self.region_all - (align_up(self.emb.nbytes) if he else 0)
+            if self.total(region, he, 0) <= avail:
+                return he, {}, True
+        he = choices[-1]
+        host_rows: dict[str, int] = {}
+        if not split:
+            return he, host_rows, False
+        exchange = 0
+        for t in split_candidates(self.needed, self.cfg.n_layer):
+            rb = t.row_bytes
+            while True:
+                deficit = self.total(region, he, exchange) - avail
+                if deficit <= 0:
+                    return he, host_rows, True
+                k_old = host_rows.get(t.name, 0)
+                if k_old == t.n_rows:
+                    break
+                k = host_rows_for(t, deficit, k_old)
+                region += align_up((t.n_rows - k) * rb) - align_up((t.n_rows - k_old) * rb)
+                exchange = max(exchange, 2 * _exchange_tokens(o, t) * (t.ne[0] + k) * 4)
+                host_rows[t.name] = k
+        return he, host_rows, self.total(region, he, exchange) <= avail
+
+    def exchange_for(self, host_rows: dict[str, int]) -> int:
+        ts = self.inv.tensors
+        return max([2 * _exchange_tokens(self.o, ts[n]) * (ts[n].ne[0] + k) * 4
+                    for n, k in host_rows.items()] or [0])
+
+
+def _fits_at(inv: ModelInventory, o: PlanOptions, ctx: int,
+             fixed: tuple[bool, dict[str, int]] | None = None) -> bool:
+    s = _Solver(inv, replace(o, ctx=ctx))
+    if fixed is None:
+        return s.solve(o.split)[2]
+    he, host_rows = fixed
+    ts = inv.tensors
+    region = s.region_all - (align_up(s.emb.nbytes) if he else 0)
+    for n, k in host_rows.items():
+        region += align_up((ts[n].n_rows - k) * ts[n].row_bytes) - align_up(ts[n].nbytes)
+    return s.total(region, he, s.exchange_for(host_rows)) <= o.available
+
+
+def _max_ctx(inv: ModelInventory, o: PlanOptions, fixed=None) -> int:
+    """Largest ctx in [1, n_ctx_train] that fits (every line grows with ctx, so bisect); 0: none."""
+    lo, hi = 0, inv.config.n_ctx_train
+    if _fits_at(inv, o, hi, fixed):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits_at(inv, o, mid, fixed):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def plan_model(inv: ModelInventory, o: PlanOptions) -> Plan:
+    """Make the bill and a placement. Order of moves when short: (1) the embedding table to the
+    host (`--host-embd auto`; one row per token is decoded on the CPU), (2) output-row splits of
+    matrices in `rowsplit.split_candidates` order. Never touches ctx or the KV format."""
+    cfg = inv.config
+    o.validate(cfg)
+    s = _Solver(inv, o)
+    he, host_rows, fits = s.solve(o.split)
+    excluded = [t.name for t in inv.excluded(o.include_mtp)]
+    rows = dict(host_rows)
+    if he:
+        rows["token_embd.weight"] = s.emb.n_rows
+    placement = build_placement(s.needed, rows, excluded)
+    check_exact_cover(placement, inv.tensors)
+    lines = [BillLine("weights", "GPU-resident weights", placement.gpu_bytes,
+                      "sum of exact GGUF bytes of GPU rows (MTP excluded in single-token mode)",
+                      {"tensors": len(placement.gpu_segments()),
+                       "excluded_bytes": sum(inv.tensors[n].nbytes for n in excluded),
+                       "host_bytes": placement.host_bytes})]
+    fixed = s.fixed
+    staging = _staging(cfg, o, he, s.exchange_for(host_rows))
+    region_pad = sum(align_up(l.bytes) - l.bytes for l in (*fixed.values(), staging))
+    lines.append(BillLine("alignment", f"Arena alignment ({256} B)", placement.padding_bytes
+                          + region_pad, "sum(align_up(region) - region)",
+                          {"weights": placement.padding_bytes, "other_regions": region_pad}))
+    lines += [fixed["kv_cache"], fixed["recurrent_state"], fixed["workspace"], fixed["scratch"],
+              staging,
+              BillLine("reserve", "Safety reserve", s.reserve,
+                       "override" if o.reserve is not None else
+                       f"{RESERVE_FIXED // MiB} MiB + {RESERVE_FRACTION:.0%} of available")]
+    plan = Plan(inv, o, placement, he, lines, fits)
+    assert (plan.total_bytes <= o.available) == fits, "solver and bill disagree"
+    plan.max_ctx_that_fits = _max_ctx(inv, o)
+    plan.max_ctx_same_placement = _max_ctx(inv, o, (he, host_rows)) if fits else 0
+    if not kv_format(o.kv_type).runtime:
+        plan.notes.append(f"KV format {o.kv_type} is priced but not yet run by the attention kernels")
+    if not fits:
+        plan.would_fit = _would_fit(inv, o)
+    return plan
+
+
+def _would_fit(inv: ModelInventory, o: PlanOptions) -> dict[str, Any]:
+    """What would fit: the largest ctx with these options, and which matrix rows would have to move
+    to the host at the requested ctx if every move were allowed (None if even that fails)."""
+    free = replace(o, split=True, host_embd="auto" if o.host_embd == "no" else o.host_embd)
+    d: dict[str, Any] = {"max_ctx": _max_ctx(inv, o), "max_ctx_with_moves": _max_ctx(inv, free)}
+    he, host_rows, ok = _Solver(inv, free).solve(True)
+    if ok:
+        ts = inv.tensors
+        moves = ([{"tensor": "token_embd.weight", "bytes": ts["token_embd.weight"].nbytes,
+                   "rows": ts["token_embd.weight"].n_rows}] if he else [])
+        moves += [{"tensor": n, "rows": k, "bytes": k * ts[n].row_bytes,
+                   "type": type_name(ts[n].qtype)} for n, k in host_rows.items()]
+        d["move_to_host"] = moves
+        d["move_to_host_bytes"] = sum(m["bytes"] for m in moves)
+    else:
+        d["move_to_host"] = None
+        d["move_to_host_bytes"] = None
+    return d
+
+
+def require_fit(plan: Plan) -> Plan:
+    if plan.fits:
+        return plan
+    over = plan.total_bytes - plan.available_bytes
+    w = plan.would_fit or {}
+    parts = [f"the bill is {fmt_bytes(plan.total_bytes)} but only {fmt_bytes(plan.available_bytes)}"
+             f" is available ({fmt_bytes(over)} over) at ctx {plan.options.ctx}"]
+    if w.get("max_ctx"):
+        parts.append(f"largest ctx that fits: {w['max_ctx']}")
+    else:
+        parts.append("no ctx fits with these options")
+    if w.get("max_ctx_with_moves", 0) > w.get("max_ctx", 0):
+        parts.append(f"largest ctx with --host-embd auto and row splits: {w['max_ctx_with_moves']}")
+    if w.get("move_to_host_bytes") and (not plan.options.split or plan.options.host_embd == "no"):
+        parts.append(f"or move {fmt_bytes(w['move_to_host_bytes'])} of matrix rows to the host "
+                     f"({len(w['move_to_host'])} matrices; allow --host-embd auto and row splits)")
+    raise PlanError("; ".join(parts))
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def parse_size(text: str) -> int:
+    """'16GiB', '7.6GB', '7600MiB', '123456789' -> bytes. SI units are powers of 1000, IEC units
+    powers of 1024; a bare K/M/G/T means the IEC unit (as nvidia-smi and most CLIs use)."""
+    import re
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([KMGT]?)(i?)(B?)\s*", text, re.I)
+    if not m or (m.group(3) and not m.group(2)):
+        raise UserError(f"cannot read size {text!r}; use e.g. 16GiB, 7.6GB, 7600MiB or bytes")
+    num, prefix, iec, b = float(m.group(1)), m.group(2).upper(), m.group(3), m.group(4)
+    exp = "KMGT".find(prefix) + 1 if prefix else 0
+    base = 1000 if (prefix and not iec and b) else 1024
+    return int(round(num * base ** exp))

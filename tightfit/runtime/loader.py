@@ -1,0 +1,29 @@
+"""Build an Engine from a GGUF path: open + validate the file, pick the forward backend for the
+device, build the tokenizer and chat template from the file's own metadata."""
+from __future__ import annotations
+
+from typing import Any
+
+from tightfit.errors import UserError
+
+
+def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, **kw: Any):
+    from tightfit.api import open_model
+    from tightfit.runtime.engine import Engine
+    from tightfit.tokenizer import from_gguf
+
+    mf = open_model(path)
+    if device == "cpu":
+        from tightfit.model.reference import ReferenceModel
+        model = ReferenceModel.from_model_file(mf)
+    elif device.startswith("cuda"):
+        try:
+            from tightfit.model.executor import GPUModel  # the graph-captured GPU executor
+        except ImportError as e:
+            raise UserError(f"the GPU executor is not available in this build ({e})") from e
+        model = GPUModel.from_model_file(mf, device=device, n_ctx=n_ctx, **kw)
+    else:
+        raise UserError(f"unknown device {device!r} (use 'cpu' or 'cuda[:N]')")
+    tok = from_gguf(mf.gguf.metadata)
+    template = mf.gguf.metadata.get("tokenizer.chat_template")
+    return Engine(mf, model, tok, n_ctx=n_ctx, chat_template=template)
