@@ -114,6 +114,8 @@ def test_sse_framing(engine, http):
     ("/v1/completions", {"prompt": [1, 2, 10 ** 9]}, 400, "vocabulary"),
     ("/v1/completions", {"prompt": ["a", "b"]}, 400, "batched"),
     ("/v1/completions", {}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "a", "seed": -5}, 400, "seed"),
+    ("/v1/completions", b"[" * 100000 + b"]" * 100000, 400, "nested"),
     ("/tokenize", {"content": 5}, 400, "content"),
     ("/detokenize", {"tokens": [-1]}, 400, "vocabulary"),
     ("/v1/nothing-here", {}, 404, "not found"),
@@ -177,11 +179,14 @@ def _wait(cond, timeout=60.0):
     return False
 
 
-def test_disconnect_mid_stream_stops_generation(http, server):
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "Never ending"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Never ending"}]})])
+def test_disconnect_mid_stream_stops_generation(http, server, path, body):
     m0 = _metrics(http)
-    body = {"prompt": "Never ending", "max_tokens": 400, "stream": True, "temperature": 0}
+    body = {**body, "max_tokens": 400, "stream": True, "temperature": 0}
     with httpx.Client(base_url=server.url, timeout=60) as c2:
-        with c2.stream("POST", "/v1/completions", json=body) as r:
+        with c2.stream("POST", path, json=body) as r:
             it = r.iter_lines()
             got = [next(it) for _ in range(4)]           # two events (each + blank line)
             assert got[0].startswith("data: ")
@@ -274,3 +279,23 @@ def test_full_queue_answers_503_with_retry_after(engine):
         second.join(120)
         assert [r.status_code for r in results] == [200, 200]
         assert results[0].json()["choices"][0]["text"] == results[1].json()["choices"][0]["text"]
+
+
+def test_disconnect_while_queued_drops_the_request(http, server):
+    m0 = _metrics(http)
+    done = []
+    long = threading.Thread(target=lambda: done.append(httpx.post(
+        server.url + "/v1/completions", json={"prompt": "Busy", "max_tokens": 120}, timeout=120)))
+    long.start()
+    assert _wait(lambda: _metrics(http)["llamacpp:requests_processing"] == 1, 30)
+    body = {"messages": MSGS, "max_tokens": 5, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=60) as c2:
+        with c2.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert next(r.iter_lines()).startswith("data: ")      # the role chunk, sent at once
+            assert _metrics(http)["llamacpp:requests_deferred"] == 1
+    long.join(120)
+    assert done[0].status_code == 200
+    assert _wait(lambda: _metrics(http)["llamacpp:requests_deferred"] == 0, 30)
+    m1 = _metrics(http)
+    assert m1["tightfit:requests_total"] == m0["tightfit:requests_total"] + 1   # only the long one ran
+    assert m1["llamacpp:requests_processing"] == 0

@@ -98,6 +98,18 @@ def test_llama_cpp_no_normalization(tok_raw, llama, parse_special):
 
 
 @pytest.mark.llama
+def test_llama_cpp_tokenizers_path(real_vocab_gguf, llama):
+    """The `tokenizers` object alone (fast path off) also gives llama.cpp's ids."""
+    slow = from_gguf(real_vocab_gguf, normalize=False, fast=False)
+    assert slow._fast is None
+    for s in CORPUS[::2]:
+        for ps in (False, True):
+            ours = slow.encode(s, parse_special=ps)
+            theirs = llama.tokenize(s.encode("utf-8"), add_bos=False, special=ps)
+            assert ours == theirs, _first_diff("llama.cpp", ours, theirs, s)
+
+
+@pytest.mark.llama
 def test_llama_cpp_with_nfc(tok, llama):
     """NFC on: llama.cpp fed the NFC-normalised text gives our ids for the raw text."""
     n_changed = 0
@@ -244,3 +256,44 @@ def test_round_trip(tok, tok_raw):
         for ps in (False, True):
             assert tok_raw.decode(tok_raw.encode(s, parse_special=ps)) == s
             assert tok.decode(tok.encode(s, parse_special=ps)) == hf_nfc(s)
+
+
+# ---- every code point ----------------------------------------------------------------------
+def _contexts(c: str) -> str:
+    return f"a{c} {c}1'{c}\n{c}{c}  {c}"
+
+
+@pytest.mark.llama
+def test_every_code_point_against_llama_cpp(real_vocab_gguf, llama):
+    """Each code point in a few contexts (after a letter, after a space, before a digit, after an
+    apostrophe and a newline, doubled): the fast path (for code points Python's Unicode data
+    knows) and the `tokenizers` path (for all) give llama.cpp's ids. This is what makes the fast
+    path's `regex` classification safe, and shows the newer code points agree too."""
+    import regex
+    fast = from_gguf(real_vocab_gguf, normalize=False)
+    slow = from_gguf(real_vocab_gguf, normalize=False, fast=False)
+    assigned = regex.compile(r"\P{Cn}")
+    known, newer = [], []
+    for cp in range(0x20, 0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        ch = chr(cp)
+        if unicodedata.category(ch) != "Cn":
+            known.append(ch)
+        elif assigned.match(ch):
+            newer.append(ch)          # assigned after Python's Unicode version
+    assert len(known) > 280_000 and len(newer) > 1000
+
+    def check(tk, chars, step=1000):
+        for i in range(0, len(chars), step):
+            group = chars[i:i + step]
+            s = "".join(_contexts(c) for c in group)
+            if tk.encode(s) != llama.tokenize(s.encode(), add_bos=False, special=False):
+                bad = [c for c in group if tk.encode(_contexts(c)) !=
+                       llama.tokenize(_contexts(c).encode(), add_bos=False, special=False)]
+                raise AssertionError(f"differs from llama.cpp on {[hex(ord(c)) for c in bad[:10]]}")
+
+    check(fast, known)
+    assert fast._fast is not None and fast._fast.encode(_contexts(newer[0]), False) is None
+    check(fast, newer)                    # routed to the tokenizers path
+    check(slow, known[::7] + newer)       # the tokenizers object on its own (sampled)

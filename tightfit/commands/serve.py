@@ -20,8 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=None,
                    help="require this key (Authorization: Bearer KEY); also $TIGHTFIT_API_KEY")
     p.add_argument("--alias", default=None, help="model id shown by /v1/models (default: file name)")
-    p.add_argument("--cache-ram", type=int, default=1024,
-                   help="prompt-cache budget in host RAM, MiB (default 1024; 0 = off)")
+    p.add_argument("--cache-ram", type=int, default=2048,
+                   help="prompt-cache budget in host RAM, MiB (default 2048; 0 = off)")
     p.add_argument("--queue", type=int, default=64,
                    help="requests that may wait while one generates (default 64; more get 503)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

@@ -150,7 +150,11 @@ def tokenizer_metadata(spec: str, real_size: int = 248320) -> list[tuple[str, An
                 sub = (_VT.STRING if isinstance(v[0], str) else _VT.INT32) if t == _VT.ARRAY else None
                 out.append((k, v, t, sub))
             return out + _template_md()
-    tokens, types, merges = _fixture_vocab(str(_vocab_fixture_path()))
+    if kind == "small" and n <= DEMO_VOCAB_MAX and shared_file("fixtures/ggml-vocab-qwen35.gguf",
+                                                               env="TIGHTFIT_VOCAB_FIXTURE") is None:
+        tokens, types, merges = _packaged_demo_vocab()   # installed copy without the shared folder
+    else:
+        tokens, types, merges = _fixture_vocab(str(_vocab_fixture_path()))
     if kind == "small":
         keep = list(tokens[: n - 3])
         kinds = [TOKEN_NORMAL] * len(keep)
@@ -178,10 +182,22 @@ def tokenizer_metadata(spec: str, real_size: int = 248320) -> list[tuple[str, An
     return md + _template_md()
 
 
+DEMO_VOCAB_MAX = 2048  # tightfit/data/demo-vocab.json.gz holds small:2048 (scripts/make_demo_vocab.py)
+
+
+@lru_cache(maxsize=1)
+def _packaged_demo_vocab() -> tuple[list[str], list[int], list[str]]:
+    import gzip
+    import json
+    with gzip.open(REPO_ROOT / "tightfit" / "data" / "demo-vocab.json.gz", "rt", encoding="utf-8") as f:
+        d = json.load(f)
+    return d["tokens"], d["types"], d["merges"]
+
+
 def _template_md() -> list[tuple[str, Any, _VT, _VT | None]]:
     tpl = shared_file("fixtures/Qwen3.5-4B.jinja", env="TIGHTFIT_CHAT_TEMPLATE")
-    if tpl is None:
-        return []
+    if tpl is None:  # installed copy without the shared folder: tightfit's own ChatML template
+        tpl = REPO_ROOT / "tightfit" / "data" / "chatml-demo.jinja"
     return [("tokenizer.chat_template", tpl.read_text(encoding="utf-8"), _VT.STRING, None)]
 
 

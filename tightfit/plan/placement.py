@@ -7,6 +7,8 @@ place from the read-only mmap of the file. `rowsplit.check_exact_cover` proves a
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
@@ -119,42 +121,18 @@ class ModelInventory:
 
 # ---- presets ---------------------------------------------------------------------------------
 def seed_mix_type(name: str, cfg: Qwen35Config) -> str:
-    """Quant type of a tensor in the benchmark mix of shared/bench/seed-mix.md.
+    """Quant type of a tensor in the benchmark mix of shared/bench/seed-mix.md: the generator's
+    recipe (tightfit.model.presets), so the planner and the generated file never disagree."""
+    types = _seed_mix_types(cfg)
+    if name not in types:
+        raise ConfigError(f"seed mix has no type for tensor {name}")
+    return types[name]
 
-    Placeholder until tightfit.model.generate exposes the `qwen3.8-27b-seedmix` preset; the
-    generator engineer should replace this with an import of theirs so that one table exists."""
-    if name == "token_embd.weight":
-        return "Q3_K"
-    if name == "output.weight":
-        return "Q6_K"
-    if cfg.is_vector_tensor(name):
-        return "F32"
-    parts = name.split(".")
-    il, kind = int(parts[1]), parts[2]
-    if il >= cfg.n_layer:  # MTP block: the seed names only its ffn_down (Q6_K, 73.1 MB)
-        return {"ffn_down": "Q6_K", "nextn": "Q8_0"}.get(kind, "Q5_K" if kind != "attn_q" else "IQ4_XS")
-    if kind in ("attn_qkv", "attn_gate"):
-        return "IQ4_XS"
-    if kind in ("ssm_alpha", "ssm_beta"):
-        return "Q8_0"
-    if kind in ("ssm_out", "attn_output"):
-        return "Q5_K"
-    if kind == "attn_q":
-        return {3: "IQ4_NL", 15: "Q2_K"}.get(il, "IQ4_XS")
-    if kind == "attn_k":
-        return "Q6_K"
-    if kind == "attn_v":
-        return "Q6_K" if il in (23, 63) else "Q5_K"
-    if kind == "ffn_gate":
-        return ("IQ2_XS" if il in (0, 12) else "Q3_K" if il == 13 else
-                "IQ2_S" if 14 <= il <= 17 else "IQ4_XS")
-    if kind == "ffn_up":
-        return ("Q4_K" if 1 <= il <= 7 else "Q3_K" if il == 13 else "IQ2_S" if 14 <= il <= 17 else
-                "IQ3_S" if il in (18, 19) else "Q5_K" if 36 <= il <= 56 else "IQ4_XS")
-    if kind == "ffn_down":
-        return ("Q3_K" if il == 13 else "IQ3_XXS" if 14 <= il <= 17 else
-                "Q6_K" if 56 <= il <= 63 else "Q5_K")
-    raise ConfigError(f"seed mix has no type for tensor {name}")
+
+@lru_cache(maxsize=4)
+def _seed_mix_types(cfg: Qwen35Config) -> dict[str, str]:
+    from tightfit.model.presets import tensor_types
+    return tensor_types(cfg, mix="seedmix")
 
 
 def _tiny_mix(name: str, cfg: Qwen35Config) -> str:

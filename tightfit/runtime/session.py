@@ -29,7 +29,7 @@ from tightfit.errors import UserError
 from tightfit.runtime.engine import PREFILL_CHUNK, Event
 from tightfit.runtime.sampler import SamplingParams
 
-DEFAULT_CACHE_BYTES = 1 << 30  # 1 GiB of host RAM for prompt-cache snapshots
+DEFAULT_CACHE_BYTES = 2 << 30  # 2 GiB of host RAM for prompt-cache snapshots
 
 
 class PromptCache:
@@ -162,12 +162,21 @@ class Session:
 
     # ---- generation ---------------------------------------------------------------------------
     def chat(self, messages: list[dict], chat_template_kwargs: dict | None = None,
-             tools: list | None = None, **gen) -> Iterator[Event]:
+             tools: list | None = None, max_tokens: int | None = 128,
+             sampling: SamplingParams | None = None, stop: Sequence[str] = (),
+             should_stop: Callable[[], bool] | None = None) -> Iterator[Event]:
+        """Render the conversation with the model's template and stream the reply; the end of the
+        last message is a cache checkpoint, so the next turn prefills only what it adds."""
         p = self.prepare_chat(messages, tools=tools, chat_template_kwargs=chat_template_kwargs)
-        return self.generate(p.ids, checkpoints=[p.boundary] if p.boundary else (), **gen)
+        return self.generate(p.ids, max_tokens=max_tokens, sampling=sampling, stop=stop,
+                             should_stop=should_stop, checkpoints=[p.boundary] if p.boundary else ())
 
-    def complete(self, prompt_or_ids: str | Sequence[int], **gen) -> Iterator[Event]:
-        return self.generate(self.engine.encode_prompt(prompt_or_ids), **gen)
+    def complete(self, prompt_or_ids: str | Sequence[int], max_tokens: int | None = 128,
+                 sampling: SamplingParams | None = None, stop: Sequence[str] = (),
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[Event]:
+        """Stream a raw completion of a prompt (text: special tokens parsed, as `tightfit run`)."""
+        return self.generate(self.engine.encode_prompt(prompt_or_ids), max_tokens=max_tokens,
+                             sampling=sampling, stop=stop, should_stop=should_stop)
 
     def generate(self, ids: Sequence[int], max_tokens: int | None = 128,
                  sampling: SamplingParams | None = None, stop: Sequence[str] = (),
@@ -220,7 +229,7 @@ class Session:
         limit = len(ids) - 1
         n_cached, snap = self.cache.lookup(ids, limit)
         live = self._live
-        if live is not None and len(live) > n_cached and len(live) <= limit \
+        if live is not None and len(live) >= max(n_cached, 1) and len(live) <= limit \
                 and tuple(ids[:len(live)]) == live and self.state.pos == len(live):
             n_cached, snap = len(live), None      # the live state already holds this prefix
         elif snap is not None:

@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -123,6 +124,10 @@ def create_app(engine: Any = None, *, loader: Callable[[], Any] | None = None,
         return JSONResponse(ApiError(e.status_code, msg).body(), status_code=e.status_code,
                             headers=getattr(e, "headers", None))
 
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, e: RequestValidationError):
+        return JSONResponse(ApiError(400, f"invalid request: {e.errors()[:1]}").body(), status_code=400)
+
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception):
         log.exception("internal error on %s", request.url.path)
@@ -167,7 +172,7 @@ def create_app(engine: Any = None, *, loader: Callable[[], Any] | None = None,
     async def tokenize(request: Request):
         r = schemas.validate(schemas.TokenizeRequest, await request.body())
         tok = st.engine.tokenizer
-        ids = tok.encode(r.content, add_special=r.add_special, parse_special=r.parse_special)
+        ids = await run_in_threadpool(tok.encode, r.content, r.add_special, r.parse_special)
         if not r.with_pieces:
             return {"tokens": ids}
         out = []

@@ -113,6 +113,8 @@ def parse_json(raw: bytes) -> Any:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply") from None
 
 
 def validate(model: type[BaseModel], raw: bytes) -> Any:
@@ -141,6 +143,10 @@ def sampling_params(r: _Sampling) -> SamplingParams:
         v = getattr(r, name)
         if v is not None:
             kw[field] = v
+    if r.seed is not None and r.seed < 0:
+        if r.seed != -1:
+            raise ApiError(400, f"seed must be >= 0 (or -1 for a random seed), got {r.seed}")
+        kw.pop("seed")
     if r.temperature is not None and r.temperature > 2.0:
         raise ApiError(400, f"temperature must be in [0, 2], got {r.temperature}")
     p = SamplingParams(**{**{k: getattr(d, k) for k in d.__dataclass_fields__}, **kw})

@@ -16,17 +16,20 @@ from tightfit.tokenizer.stream import IncrementalDetokenizer  # noqa: F401
 __all__ = ["from_gguf", "Tokenizer", "TokenizerError", "IncrementalDetokenizer"]
 
 
-def from_gguf(path_or_metadata: str | os.PathLike | Mapping, *, normalize: bool = True) -> Tokenizer:
+def from_gguf(path_or_metadata: str | os.PathLike | Mapping, *, normalize: bool = True,
+              fast: bool = True) -> Tokenizer:
     """Build the tokenizer a GGUF describes.
 
     `path_or_metadata`: a GGUF path, or its metadata as a mapping (plain values, or the
     `(value, GGUFValueType)` pairs of `tightfit.tokenizer.vocab.qwen35_tokenizer_metadata()`).
     `normalize`: NFC-normalise text before splitting, as Qwen's tokenizer.json does (default);
     False gives llama.cpp's behaviour byte for byte (it does not normalise).
+    `fast`: use the fast encode path (tightfit/tokenizer/fast.py; same ids, ~3x quicker); False
+    sends every text through the `tokenizers` object.
     Raises GGUFError (a UserError) if the file has no usable tokenizer metadata.
     """
     if isinstance(path_or_metadata, Mapping):
-        return Tokenizer(path_or_metadata, normalize=normalize)
+        return Tokenizer(path_or_metadata, normalize=normalize, fast=fast)
     from tightfit.tokenizer.gguf_meta import read_metadata
     path = os.fspath(path_or_metadata)
-    return Tokenizer(read_metadata(path), normalize=normalize, source=path)
+    return Tokenizer(read_metadata(path), normalize=normalize, fast=fast, source=path)

@@ -278,28 +278,30 @@ class Tokenizer:
         if add_special and self.add_bos:
             ids.append(self.bos_id)
         if text:
-            fast = self._fast.encode(text, parse_special) if self._fast is not None else None
-            if fast is not None:
-                ids.extend(fast)
-                text = ""
-        if text:
             try:
-                if parse_special:
-                    with self._lock:            # the flag is per object: toggle under a lock
-                        self._hf.encode_special_tokens = False
-                        try:
-                            enc = self._hf.encode(text, add_special_tokens=False)
-                        finally:
-                            self._hf.encode_special_tokens = True
-                else:
-                    enc = self._hf.encode(text, add_special_tokens=False)
+                ids.extend(self._encode_text(text, parse_special))
             except Exception:
-                _check_encodable(text)
+                _check_encodable(text)           # a lone surrogate: say so in one line
                 raise
-            ids.extend(enc.ids)
         if add_special and self.add_eos:
             ids.append(self.eos_id)
         return ids
+
+    def _encode_text(self, text: str, parse_special: bool) -> list[int]:
+        if self._fast is not None:
+            ids = self._fast.encode(text, parse_special)
+            if ids is not None:
+                return ids
+        # The tokenizers object: characters newer than Python's Unicode data, or no `regex`.
+        # encode_batch_fast skips the offset bookkeeping encode() does.
+        if not parse_special:
+            return self._hf.encode_batch_fast([text], add_special_tokens=False)[0].ids
+        with self._lock:                        # the flag is per object: toggle under a lock
+            self._hf.encode_special_tokens = False
+            try:
+                return self._hf.encode_batch_fast([text], add_special_tokens=False)[0].ids
+            finally:
+                self._hf.encode_special_tokens = True
 
     def encode_batch(self, texts: list[str], parse_special: bool = False) -> list[list[int]]:
         """Many texts at once (in parallel threads inside `tokenizers`)."""

@@ -74,10 +74,13 @@ class FastEncoder:
 
     def _encode_segment(self, seg: str, out: list[int]) -> list[int] | None:
         if self._nfc is not None and not unicodedata.is_normalized("NFC", seg):
-            # Python (newer tables) says not NFC: let `tokenizers`' own NFC decide what changes.
-            # The other way round is exact: a string NFC-normal under newer Unicode tables is left
-            # unchanged by older ones (characters they lack are inert starters to them).
-            seg = self._nfc(seg)
+            # Python (newer tables) says not NFC: let `tokenizers`' own NFC decide what changes,
+            # line by line (NFC never acts across "\n": a starter nothing composes with), so
+            # only the lines that need it pay for it. The other way round is exact: a string
+            # NFC-normal under newer Unicode tables is left unchanged by older ones (characters
+            # they lack are inert starters to them).
+            nfc, is_nfc = self._nfc, unicodedata.is_normalized
+            seg = "\n".join(line if is_nfc("NFC", line) else nfc(line) for line in seg.split("\n"))
         pieces = self._split(seg)
         if sum(map(len, pieces)) != len(seg):     # the pattern covers all text; never skip any
             return None

@@ -1,0 +1,335 @@
+"""Speculative generation: the same Event stream as `Engine.generate`, produced in rounds.
+
+A round: the token sampled last (`last`, not yet in the state) plus a draft d_1..d_k from the
+drafter the policy picked go through one verify forward; the acceptor walks the k+1 logits rows
+(`tightfit.runtime.spec.verify`), emitting accepted drafts and then one target token (the
+correction at the first rejection, or the bonus after a full accept); the state keeps exactly
+the block tokens before the last emitted one. So, like the plain loop, the state always holds
+the history minus the newest token, also when a stop string, EOS or the length limit ends the
+generation inside a round (the acceptor stops there and only that many rows are committed).
+
+Greedy speculation emits token for token what greedy decoding emits (the target choice at every
+position is the plain sampler's); sampled speculation has the target distribution (rejection
+sampling). `SpeculativeEngine(engine)` wraps an Engine (everything else is delegated), so a
+Session or the server can use it in place of the engine. Counters go to `SpecTimings`
+(llama-server's `draft_n`, `draft_n_accepted`, plus per-drafter counts and per-position accepts).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from tightfit.errors import UserError
+from tightfit.runtime.engine import Event, Timings, _stream_decoder
+from tightfit.runtime.sampler import GREEDY, Sampler, SamplingParams
+from tightfit.runtime.spec.ngram import Draft, NGramDrafter
+from tightfit.runtime.spec.policy import Policy
+from tightfit.runtime.spec.suffix import SuffixCache, SuffixDrafter
+from tightfit.runtime.spec.verify import Acceptor, make_verifier
+from tightfit.runtime.stops import StopMatcher
+
+
+@dataclass
+class SpecConfig:
+    drafters: tuple[str, ...] = ("ngram", "suffix", "mtp")   # mtp only where the model has it
+    max_draft: int = 8                 # cap on drafted tokens per round (verify block = +1)
+    ngram_k: tuple[int, int] = (2, 4)
+    ngram_min_hits: int = 1
+    suffix_cache: SuffixCache | None = None
+    suffix_depth: int = 24
+    max_spec_factor: float = 1.0
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+    mtp_draft: int = 3
+    mtp_p_min: float = 0.0
+    adaptive: bool = True              # False: always the longest draft offered
+    verifier: str = "auto"             # auto | native | replay | step
+    record: str = "output"             # what a finished request adds to suffix_cache: output|all|none
+    force_accept: float | None = None  # benchmarks only: synthetic acceptance rate (wrong output!)
+
+
+@dataclass
+class SpecTimings(Timings):
+    draft_n: int = 0
+    draft_n_accepted: int = 0
+    draft_rounds: int = 0
+    rounds: int = 0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    per_drafter: dict = field(default_factory=dict)
+    accepted_per_pos: list = field(default_factory=list)
+
+    def count(self, name: str, n: int, acc: int) -> None:
+        d = self.per_drafter.setdefault(name, {"draft_n": 0, "draft_n_accepted": 0, "rounds": 0})
+        d["draft_n"] += n
+        d["draft_n_accepted"] += acc
+        d["rounds"] += 1
+        self.draft_n += n
+        self.draft_n_accepted += acc
+        self.draft_rounds += 1
+        while len(self.accepted_per_pos) < n:
+            self.accepted_per_pos.append(0)
+        for i in range(acc):
+            self.accepted_per_pos[i] += 1
+
+    def spec_dict(self) -> dict[str, Any]:
+        return {
+            "draft_n": self.draft_n,
+            "draft_n_accepted": self.draft_n_accepted,
+            "draft_acceptance": self.draft_n_accepted / self.draft_n if self.draft_n else 0.0,
+            "draft_rounds": self.draft_rounds,
+            "spec_rounds": self.rounds,
+            "draft_ms": self.draft_ms,
+            "verify_ms": self.verify_ms,
+            "drafters": {k: dict(v) for k, v in self.per_drafter.items()},
+            "accepted_per_pos": list(self.accepted_per_pos),
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        d = super().as_dict()
+        d.update(self.spec_dict())
+        return d
+
+
+class SpeculativeEngine:
+    """An Engine whose `generate`/`chat` speculate. Policy statistics persist across requests."""
+
+    def __init__(self, engine, config: SpecConfig | None = None, policy: Policy | None = None,
+                 mtp_head=None):
+        self.engine = engine
+        self.spec = config or SpecConfig()
+        self.verifier = make_verifier(engine.model, self.spec.verifier)
+        self.policy = policy or Policy(adaptive=self.spec.adaptive)
+        self.mtp_head = mtp_head
+        if mtp_head is None and "mtp" in self.spec.drafters and engine.config.nextn_layers \
+                and self.spec.verifier in ("auto", "native") and getattr(self.verifier, "native", False) \
+                and hasattr(self.verifier, "_forward"):
+            from tightfit.runtime.spec.mtp import MTPHead
+            self.mtp_head = MTPHead.for_reference(engine.model, engine.file)
+
+    def __getattr__(self, name: str) -> Any:      # everything not speculative: the engine's
+        return getattr(self.engine, name)
+
+    def chat(self, messages: list[dict], tools: list | None = None,
+             chat_template_kwargs: dict | None = None, **gen_kwargs) -> Iterator[Event]:
+        prompt = self.engine.render_chat(messages, tools=tools, **(chat_template_kwargs or {}))
+        return self.generate(prompt, **gen_kwargs)
+
+    def _drafters(self, sampler: Sampler) -> dict[str, Any]:
+        s = self.spec
+        out: dict[str, Any] = {}
+        if "ngram" in s.drafters:
+            out["ngram"] = NGramDrafter(s.ngram_k[0], s.ngram_k[1], s.max_draft, s.ngram_min_hits)
+        if "suffix" in s.drafters:
+            out["suffix"] = SuffixDrafter(s.suffix_cache, s.suffix_depth, s.max_draft,
+                                          s.max_spec_factor, s.max_spec_offset, s.min_token_prob)
+        if "mtp" in s.drafters and self.mtp_head is not None:
+            from tightfit.runtime.spec.mtp import MTPDrafter
+            rng = np.random.default_rng(int(sampler.rng.integers(1 << 62)))
+            out["mtp"] = MTPDrafter(self.mtp_head, s.mtp_draft, s.mtp_p_min, sampler.params, rng)
+        return out
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128,
+                 sampling: SamplingParams | None = None, stop: Sequence[str] = (),
+                 state=None, n_past: int = 0,
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[Event]:
+        eng, s, pol = self.engine, self.spec, self.policy
+        ids = eng.encode_prompt(prompt)
+        if max_tokens is not None and max_tokens < 0:
+            raise UserError(f"max_tokens must be >= 0, got {max_tokens}")
+        if len(ids) >= eng.n_ctx:
+            raise UserError(f"the prompt has {len(ids)} tokens; the context is {eng.n_ctx} "
+                            f"(raise -c / --ctx-size)")
+        sampler = Sampler(sampling or GREEDY)
+        acc = Acceptor(sampler)
+        if state is None:
+            state, n_past = eng.new_state(), 0
+        if not 0 <= n_past < len(ids):
+            raise ValueError("n_past must leave at least one prompt token to prefill")
+        return self._run(ids, max_tokens, sampler, acc, stop, state, n_past, should_stop)
+
+    def _run(self, ids, max_tokens, sampler, acc, stop, state, n_past, should_stop) -> Iterator[Event]:
+        eng, s, pol, ver = self.engine, self.spec, self.policy, self.verifier
+        drafters = self._drafters(sampler)
+        mtp = drafters.get("mtp")
+        timings = SpecTimings(prompt_n=len(ids) - n_past, cache_n=n_past)
+        t0 = time.perf_counter()
+        if mtp is not None:
+            logits, hidden = ver.prefill(ids[n_past:], state)
+            if hidden is None:          # this verifier cannot give hidden states: no MTP
+                drafters.pop("mtp")
+                mtp, h_last = None, None
+            else:
+                mtp.begin(n_past, hidden, ids[n_past + 1:])
+                h_last = hidden[-1:]
+        else:
+            logits, h_last = eng.prefill(ids[n_past:], state), None
+        timings.prompt_ms = (time.perf_counter() - t0) * 1000.0
+        for name, d in drafters.items():
+            if name != "mtp":
+                d.begin(ids)
+
+        detok = _stream_decoder(eng.tokenizer)
+        stops = StopMatcher(stop)
+        eos = set(eng.tokenizer.eos_ids)
+        history = list(ids)
+        generated: list[int] = []
+        limit = eng.n_ctx - len(ids)
+        if max_tokens is not None:
+            limit = min(limit, max_tokens)
+        force_rng = np.random.default_rng(0) if s.force_accept is not None else None
+
+        def push(tok: int) -> tuple[str | None, str]:
+            generated.append(tok)
+            history.append(tok)
+            if tok in eos:
+                return "eos", ""
+            text = stops.feed(detok.push(tok))
+            return ("word" if stops.stopped else None), text
+
+        def finish_stats() -> None:
+            timings.predicted_n = len(generated)
+            timings.predicted_ms = (time.perf_counter() - t1) * 1000.0
+            if s.suffix_cache is not None and s.record != "none" and generated:
+                s.suffix_cache.add(list(ids) + generated if s.record == "all" else generated)
+
+        t1 = time.perf_counter()
+        finish = "length"
+        if limit > 0 and not (should_stop is not None and should_stop()):
+            tok = sampler(logits, history)
+            status, text = push(tok)
+            if mtp is not None:
+                mtp.observe(h_last, [tok])
+            for name, d in drafters.items():
+                if name != "mtp":
+                    d.extend([tok])
+            if status == "word":
+                finish_stats()
+                yield Event(text, tok, "stop", timings, generated)
+                return
+            if status == "eos":
+                finish = "stop"
+            else:
+                yield Event(text, tok)
+        elif limit > 0:
+            finish = "cancelled"
+        while finish == "length" and len(generated) < limit:
+            if should_stop is not None and should_stop():
+                finish = "cancelled"
+                break
+            room = limit - len(generated) - 1
+            draft, name = self._propose(drafters, room)
+            timings.draft_ms += self._draft_ms
+            dtoks = draft.tokens if draft is not None else []
+            block = [generated[-1]] + dtoks
+            tv = time.perf_counter()
+            rnd = ver.begin(block, state)
+            emitted: list[int] = []
+            events: list[Event] = []
+            n_acc, status, rejected = 0, None, False
+            for i in range(len(block)):
+                row = rnd.row(i)
+                if i < len(dtoks):
+                    q = draft.q[i] if draft.q else None
+                    if force_rng is not None:
+                        ok = bool(force_rng.random() < s.force_accept)
+                        tok = dtoks[i] if ok else acc.target(row, history)
+                    else:
+                        tok, ok = acc.step(row, history, dtoks[i], q)
+                else:
+                    tok, ok = acc.target(row, history), False
+                status, text = push(tok)
+                emitted.append(tok)
+                if ok:
+                    n_acc += 1
+                elif i < len(dtoks):
+                    rejected = True
+                if status is None:
+                    events.append(Event(text, tok))
+                elif status == "word":
+                    events.append(Event(text, tok, "stop", timings, generated))
+                if status is not None or not ok or len(generated) >= limit:
+                    break
+            rnd.commit(len(emitted))
+            ms = (time.perf_counter() - tv) * 1000.0
+            timings.verify_ms += ms
+            timings.rounds += 1
+            pol.record_verify(len(emitted) if not hasattr(rnd, "logits") else len(block), ms)
+            if name is not None:
+                timings.count(name, len(dtoks), n_acc)
+                pol.record_accept(name, draft.match_len, len(dtoks), n_acc,
+                                  censored=not rejected and n_acc < len(dtoks))
+            self._shadow(name, emitted)
+            if mtp is not None and rnd.hidden is not None:
+                mtp.observe(rnd.hidden[: len(emitted)], emitted)
+            for dn, d in drafters.items():
+                if dn != "mtp":
+                    d.extend(emitted)
+            if status == "word":
+                finish_stats()
+                yield from events
+                return
+            if status == "eos":
+                finish = "stop"
+            yield from events
+        tail = stops.feed(detok.flush()) + stops.flush()
+        finish_stats()
+        yield Event(tail, None, finish, timings, generated)
+
+    # ---- drafting ---------------------------------------------------------------------------
+    def _propose(self, drafters: dict, room: int) -> tuple[Draft | None, str | None]:
+        s, pol = self.spec, self.policy
+        self._cheap: dict[str, Draft] = {}
+        self._draft_ms = 0.0
+        room = min(room, s.max_draft)
+        if room <= 0:
+            return None, None
+        cands: dict[str, tuple[int, int]] = {}
+        for name, d in drafters.items():
+            if name == "mtp":
+                cands[name] = (min(d.max_draft, room), 0)
+                continue
+            t = time.perf_counter()
+            dr = d.propose(room)
+            ms = (time.perf_counter() - t) * 1000.0
+            self._draft_ms += ms
+            pol.record_draft(name, ms, 0)
+            if dr is not None and dr.tokens:
+                self._cheap[name] = dr
+                cands[name] = (len(dr.tokens), dr.match_len)
+        name, k = pol.choose(cands)
+        if name is None or k <= 0:
+            return None, None
+        if name == "mtp":
+            t = time.perf_counter()
+            dr = drafters["mtp"].propose(k)
+            ms = (time.perf_counter() - t) * 1000.0
+            self._draft_ms += ms
+            pol.record_draft("mtp", ms, len(dr.tokens) if dr else 1, per_token=True)
+            return (dr, "mtp") if dr is not None else (None, None)
+        dr = self._cheap.pop(name)
+        dr.tokens = dr.tokens[:k]
+        if dr.q is not None:
+            dr.q = dr.q[:k]
+        return dr, name
+
+    def _shadow(self, chosen: str | None, emitted: list[int]) -> None:
+        """Score the unverified cheap drafts against what was emitted."""
+        for name, dr in getattr(self, "_cheap", {}).items():
+            if name == chosen:
+                continue
+            m = 0
+            while m < len(dr.tokens) and m < len(emitted) and dr.tokens[m] == emitted[m]:
+                m += 1
+            censored = m == len(emitted) and m < len(dr.tokens)
+            self.policy.record_accept(name, dr.match_len, len(dr.tokens), m, censored=censored,
+                                      verified=False)
+        self._cheap = {}
+
+
+def speculative_generate(engine, prompt, config: SpecConfig | None = None, **gen) -> Iterator[Event]:
+    """One-off speculative generation with a fresh policy."""
+    return SpeculativeEngine(engine, config).generate(prompt, **gen)
