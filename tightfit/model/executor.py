@@ -18,8 +18,8 @@ reads the status lazily (`GPUState.sync`, at the end of each forward unless `laz
 Matrices: `tightfit.kernels.gemv` for the formats it supports (activations quantized once per
 input and layout, shared by the matrices reading the same input); on the CPU (tests) a torch
 path: float views for F32/F16/BF16, per-call NumPy dequantization for quantized blocks.
-Embedding: `tightfit.kernels.embed.embed_rows` when present, else the row is dequantized on the
-host from the mmap and copied in (one row, ~20 KB per token).
+Embedding: the row is dequantized on the host from the mmap and copied in (one row, ~20 KB per
+token); TIGHTFIT_DEVICE_EMBED=1 uses `tightfit.kernels.embed.embed_rows` on a device copy instead.
 
 Workspace (device bytes besides weights and state), see `workspace_bytes()`: activation buffers
 ~ (4 E + 3 n_ff + 2 conv_dim + 3 value_dim + 4 H D + 2 kv_dim) * 4 + logits n_vocab * 4, their
@@ -226,8 +226,8 @@ class GPUModel:
     # ---- embedding ----------------------------------------------------------------------------
     def _device_embedding(self):
         """`tightfit.kernels.embed.embed_rows` if it exists and agrees with the host path."""
-        if self.device.type != "cuda":
-            return None
+        if self.device.type != "cuda" or os.environ.get("TIGHTFIT_DEVICE_EMBED") != "1":
+            return None       # default: the host row (no second copy of the table on the GPU)
         try:
             from tightfit.kernels.embed import embed_rows
         except Exception:  # noqa: BLE001
@@ -237,7 +237,7 @@ class GPUModel:
             raw = torch.from_numpy(np.ascontiguousarray(
                 np.asarray(info.raw(), dtype=np.uint8).reshape(-1))).to(self.device)
             ids = torch.tensor([0, self.config.n_vocab - 1], device=self.device)
-            got = embed_rows(ids, raw, int(info.qtype), self.config.n_vocab, self.config.n_embd)
+            got = embed_rows(ids, raw, int(info.qtype), self.config.n_embd)
             want = torch.cat([self._host_row(0), self._host_row(self.config.n_vocab - 1)])
             if torch.allclose(got.float().cpu(), want, rtol=1e-5, atol=1e-6):
                 return raw, embed_rows
@@ -253,7 +253,7 @@ class GPUModel:
         if self._embed_dev is not None:
             raw, fn = self._embed_dev
             ids = torch.tensor([tok], device=self.device)
-            self.x.copy_(fn(ids, raw, int(self._embd_info.qtype), self.config.n_vocab,
+            self.x.copy_(fn(ids, raw, int(self._embd_info.qtype),
                             self.config.n_embd).float().reshape(1, -1))
             return
         row = self._host_row(tok)

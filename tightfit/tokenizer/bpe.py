@@ -6,15 +6,17 @@ description of the vocabulary into a `tokenizers.Tokenizer` with the same behavi
 * `tokenizer.ggml.model` must be `gpt2` (byte-level BPE); `tokenizer.ggml.pre` picks the split
   regex. llama.cpp's Qwen pre-types are supported: `qwen35` and the `qwen2` family.
 * The case-insensitive contraction group is spelled out (`'[sS]`, not `(?i:'s)`), as llama.cpp
-  does: with Unicode case folding `(?i:'s)` would also match `'ſ` (U+017F), which llama.cpp splits.
+  does (with Unicode case folding `(?i:'s)` may also take `'ſ`, U+017F).
 * Token types: CONTROL (3) tokens are matched in the text only with `parse_special=True`;
   USER_DEFINED (4) tokens (`<think>`, `<tool_call>` …) are always matched whole, like llama.cpp.
-  Tokens llama.cpp treats as end-of-generation by their text are forced to CONTROL as it does.
+  Tokens llama.cpp recognises by their text (end-of-generation, FIM) get the types it forces.
 * NFC normalisation (what Qwen's `tokenizer.json` does) is on by default; `normalize=False` gives
   llama.cpp's behaviour, which does not normalise.
 * Decoding does not go through `tokenizers`: each id maps to its bytes (GPT-2 byte alphabet undone
   for normal tokens, raw text for added tokens, nothing for unused/byte-typed rows), as llama.cpp's
   `token_to_piece` does, so streaming can work on bytes.
+* `encode` normally takes the fast path in fast.py (same ids; the `tokenizers` BPE model with a
+  quicker split and a piece cache) and falls back to the `tokenizers` object when that declines.
 """
 from __future__ import annotations
 
@@ -125,7 +127,8 @@ class Tokenizer:
         tokens = list(meta["tokenizer.ggml.tokens"])
         if not tokens:
             raise GGUFError(f"{source}: tokenizer.ggml.tokens is empty")
-        types = list(meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
+        types = meta.get("tokenizer.ggml.token_type")     # may be a NumPy array: no `or` here
+        types = [NORMAL] * len(tokens) if types is None else [int(t) for t in types]
         if len(types) != len(tokens):
             raise GGUFError(f"{source}: tokenizer.ggml.token_type has {len(types)} entries for "
                             f"{len(tokens)} tokens")
