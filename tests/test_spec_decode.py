@@ -135,24 +135,30 @@ def _exact_joint(engine, prompt, params, n):
     return out
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0),
-    SamplingParams(temperature=0.8, top_k=4, top_p=0.9, min_p=0.05, repeat_penalty=1.3),
+@pytest.mark.parametrize("params,drafter", [
+    (SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0), "ngram"),
+    # drafts from a global suffix cache fed with the earlier samples of the same prompt
+    (SamplingParams(temperature=0.8, top_k=4, top_p=0.9, min_p=0.05, repeat_penalty=1.3), "suffix"),
 ])
-def test_sampled_distribution_matches_target(engine, params):
+def test_sampled_distribution_matches_target(engine, params, drafter):
     from dataclasses import replace
-    prompt = [5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6]
-    n, N = 3, 900
+    # a prompt ending inside the model's own greedy loop, so n-gram drafts are plausible tokens
+    head = PROMPTS[1]
+    prompt = head + _run(engine.generate(head, max_tokens=30, sampling=GREEDY))[1].tokens
+    n, N = 3, 700
     exact = _exact_joint(engine, prompt, params, n)
-    se = SpeculativeEngine(engine, SpecConfig(drafters=("ngram",), adaptive=False))
+    if drafter == "ngram":
+        cfg = SpecConfig(drafters=("ngram",), adaptive=False)
+    else:
+        cfg = SpecConfig(drafters=("suffix",), adaptive=False, suffix_cache=SuffixCache(),
+                         record="all", min_token_prob=0.0)
+    se = SpeculativeEngine(engine, cfg)
     base = engine.new_state()
     engine.model.forward(prompt[:-1], base, logits="none")
     snap = base.snapshot()
     counts: dict = {}
     drafted = accepted = 0
     for i in range(N):
-        st = engine.new_state()
-        engine.model.forward(prompt[:-1], st, logits="none") if i == 0 else None
         st = base
         st.restore(snap)
         _, last = _run(se.generate(prompt, max_tokens=n, sampling=replace(params, seed=1000 + i),

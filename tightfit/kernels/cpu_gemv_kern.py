@@ -1,0 +1,414 @@
+"""numba kernels behind tightfit.kernels.cpu_gemv: integer dot products on raw GGUF blocks.
+
+Form (spec/quant-formats.md §2.3 "GEMV form", §3.8): the activations are quantized once per call
+to int8 with one fp32 scale per 256 elements (`xq`, `xd`) plus int32 sums of every 16 codes
+(`xs`, for the mins of Q2_K/Q4_K/Q5_K). Each 256-element weight block is decoded into 256 int16
+"scaled codes" (sub-block scale times code, always |v| < 2^15) and one fp32 block factor; the
+block's contribution to output b is then
+
+    xd[b, blk] * (factor * sum_t code[t] * xq[b, t]  -  dmin * sum_s min[s] * xs[b, s])
+
+with an exact int32 sum. The 32-element types (Q8_0, Q4_0, IQ4_NL) take a float path instead:
+256 elements are decoded to fp32 with the block scale folded in and dotted with the fp32
+activations (no activation quantization at all).
+
+Speed rules learnt on numba 0.68 / LLVM (keep them when editing):
+- every index into an array must be provably >= 0 to LLVM (range loop variables, literals,
+  products of them), else numba's negative-index wraparound blocks vectorization (3-20x slower);
+  block sizes are therefore literals in each decoder and the weight row index comes in as uint64;
+- shifts by literals; narrow integer casts (numba widens int arithmetic to int64: re-narrow with
+  np.int32(...) around the running sum so that LLVM emits 16-bit multiply-adds);
+- one long loop (256 trips) per reduction; short reductions stay scalar.
+"""
+from __future__ import annotations
+
+import numpy as np
+import numba
+from numba import njit, prange
+
+Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 2, 8, 10, 11, 12, 13, 14
+IQ2_XS, IQ3_XXS, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS = 17, 18, 20, 21, 22, 23
+
+#: types with an integer kernel (256-element blocks) and with the float kernel (32-element blocks)
+INT_TYPES = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS)
+F32_TYPES = (Q8_0, Q4_0, IQ4_NL)
+_HAS_MINS = (Q2_K, Q4_K, Q5_K)
+
+
+@njit(inline="always")
+def _f16(w, r, o, tab):
+    return tab[np.int32(w[r, o]) | (np.int32(w[r, o + 1]) << 8)]
+
+
+@njit(inline="always")
+def _k4(w, r, s, j):
+    """6-bit scale and min j of the 12-byte K4 packing at byte s (Q4_K, Q5_K)."""
+    if j < 4:
+        sc = np.int32(w[r, s + j]) & 63
+        m = np.int32(w[r, s + j + 4]) & 63
+    else:
+        sc = (np.int32(w[r, s + j + 4]) & 15) | ((np.int32(w[r, s + j - 4]) >> 6) << 4)
+        m = (np.int32(w[r, s + j + 4]) >> 4) | ((np.int32(w[r, s + j]) >> 6) << 4)
+    return sc, m
+
+
+# ---- 256-element decoders: buf[0:256] = int16 scaled codes, mins[0:16] = per-16 mins --------
+# Each returns (factor, dmin); value = factor * code - dmin * min.
+
+@njit(inline="always")
+def _dec_q4_k(w, r, ib, buf, mins, tab):
+    o = ib * 144
+    for jj in range(4):
+        sc0, m0 = _k4(w, r, o + 4, 2 * jj)
+        sc1, m1 = _k4(w, r, o + 4, 2 * jj + 1)
+        mins[4 * jj] = m0
+        mins[4 * jj + 1] = m0
+        mins[4 * jj + 2] = m1
+        mins[4 * jj + 3] = m1
+        s0 = np.int16(sc0)
+        s1 = np.int16(sc1)
+        for t in range(32):
+            v = w[r, o + 16 + 32 * jj + t]
+            buf[64 * jj + t] = s0 * np.int16(v & 15)
+            buf[64 * jj + 32 + t] = s1 * np.int16(v >> 4)
+    return _f16(w, r, o, tab), _f16(w, r, o + 2, tab)
+
+
+@njit(inline="always")
+def _dec_q5_k(w, r, ib, buf, mins, tab):
+    o = ib * 176
+    for jj in range(4):
+        sc0, m0 = _k4(w, r, o + 4, 2 * jj)
+        sc1, m1 = _k4(w, r, o + 4, 2 * jj + 1)
+        mins[4 * jj] = m0
+        mins[4 * jj + 1] = m0
+        mins[4 * jj + 2] = m1
+        mins[4 * jj + 3] = m1
+        s0 = np.int16(sc0)
+        s1 = np.int16(sc1)
+        for t in range(32):
+            v = np.int16(w[r, o + 48 + 32 * jj + t])
+            h = np.int16(w[r, o + 16 + t]) >> (2 * jj)
+            buf[64 * jj + t] = s0 * ((v & 15) | ((h & 1) << 4))
+            buf[64 * jj + 32 + t] = s1 * ((v >> 4) | ((h & 2) << 3))
+    return _f16(w, r, o, tab), _f16(w, r, o + 2, tab)
+
+
+@njit(inline="always")
+def _dec_q6_k(w, r, ib, buf, mins, tab):
+    o = ib * 210
+    for h in range(2):
+        for half in range(2):
+            s = 8 * h + half
+            sc0 = np.int16(np.int8(w[r, o + 192 + s]))
+            sc1 = np.int16(np.int8(w[r, o + 194 + s]))
+            sc2 = np.int16(np.int8(w[r, o + 196 + s]))
+            sc3 = np.int16(np.int8(w[r, o + 198 + s]))
+            for u in range(16):
+                t = 16 * half + u
+                l0 = np.int16(w[r, o + 64 * h + t])
+                l1 = np.int16(w[r, o + 64 * h + 32 + t])
+                hb = np.int16(w[r, o + 128 + 32 * h + t])
+                e = 128 * h + t
+                buf[e] = sc0 * (((l0 & 15) | ((hb & 3) << 4)) - 32)
+                buf[e + 32] = sc1 * (((l1 & 15) | ((hb & 12) << 2)) - 32)
+                buf[e + 64] = sc2 * (((l0 >> 4) | (hb & 48)) - 32)
+                buf[e + 96] = sc3 * (((l1 >> 4) | ((hb >> 2) & 48)) - 32)
+    return _f16(w, r, o + 208, tab), np.float32(0.0)
+
+
+@njit(inline="always")
+def _q3_scale(w, r, o, s):
+    lo = (np.int32(w[r, o + 96 + s % 8]) >> (4 * (s // 8))) & 15
+    hi = (np.int32(w[r, o + 104 + s % 4]) >> (2 * (s // 4))) & 3
+    return np.int16((lo | (hi << 4)) - 32)
+
+
+@njit(inline="always")
+def _dec_q3_k(w, r, ib, buf, mins, tab):
+    o = ib * 110
+    for h in range(2):
+        for half in range(2):
+            s = 8 * h + half
+            sc0 = _q3_scale(w, r, o, s)
+            sc1 = _q3_scale(w, r, o, s + 2)
+            sc2 = _q3_scale(w, r, o, s + 4)
+            sc3 = _q3_scale(w, r, o, s + 6)
+            for u in range(16):
+                m = 16 * half + u
+                q = np.int16(w[r, o + 32 + 32 * h + m])
+                hm = np.int16(w[r, o + m]) >> (4 * h)   # high bit clear = subtract 4
+                e = 128 * h + m
+                buf[e] = sc0 * ((q & 3) - ((~hm & 1) << 2))
+                buf[e + 32] = sc1 * (((q >> 2) & 3) - ((~hm & 2) << 1))
+                buf[e + 64] = sc2 * (((q >> 4) & 3) - (~hm & 4))
+                buf[e + 96] = sc3 * (((q >> 6) & 3) - ((~hm & 8) >> 1))
+    return _f16(w, r, o + 108, tab), np.float32(0.0)
+
+
+@njit(inline="always")
+def _dec_q2_k(w, r, ib, buf, mins, tab):
+    o = ib * 84
+    for h in range(2):
+        for half in range(2):
+            s = 8 * h + half
+            b0 = np.int16(w[r, o + s])
+            b1 = np.int16(w[r, o + s + 2])
+            b2 = np.int16(w[r, o + s + 4])
+            b3 = np.int16(w[r, o + s + 6])
+            mins[s] = b0 >> 4
+            mins[s + 2] = b1 >> 4
+            mins[s + 4] = b2 >> 4
+            mins[s + 6] = b3 >> 4
+            sc0 = b0 & 15
+            sc1 = b1 & 15
+            sc2 = b2 & 15
+            sc3 = b3 & 15
+            for u in range(16):
+                m = 16 * half + u
+                q = np.int16(w[r, o + 16 + 32 * h + m])
+                e = 128 * h + m
+                buf[e] = sc0 * (q & 3)
+                buf[e + 32] = sc1 * ((q >> 2) & 3)
+                buf[e + 64] = sc2 * ((q >> 4) & 3)
+                buf[e + 96] = sc3 * (q >> 6)
+    return _f16(w, r, o + 80, tab), _f16(w, r, o + 82, tab)
+
+
+@njit(inline="always")
+def _dec_iq4_xs(w, r, ib, buf, mins, tab, kv):
+    o = ib * 136
+    sh = np.int32(w[r, o + 2]) | (np.int32(w[r, o + 3]) << 8)
+    for j in range(8):
+        ls = ((np.int32(w[r, o + 4 + j // 2]) >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)
+        s = np.int16(ls - 32)
+        for t in range(16):
+            v = w[r, o + 8 + 16 * j + t]
+            buf[32 * j + t] = s * kv[v & 15]
+            buf[32 * j + 16 + t] = s * kv[v >> 4]
+    return _f16(w, r, o, tab), np.float32(0.0)
+
+
+@njit(inline="always")
+def _dec_iq2_xs(w, r, ib, buf, mins, tab, grid, sgn):
+    # grid (512, 8) uint8 magnitudes; sgn (128, 8) int16 +-1 of the 7-bit parity sign index
+    o = ib * 74
+    for j in range(8):
+        sb = np.int16(w[r, o + 66 + j])
+        for l in range(4):
+            s = 2 * ((sb >> (4 * (l // 2))) & 15) + 1
+            q = np.int32(w[r, o + 2 + 8 * j + 2 * l]) | (np.int32(w[r, o + 3 + 8 * j + 2 * l]) << 8)
+            gi = q & 511
+            si = q >> 9
+            for t in range(8):
+                buf[32 * j + 8 * l + t] = s * np.int16(grid[gi, t]) * sgn[si, t]
+    return _f16(w, r, o, tab) * np.float32(0.125), np.float32(0.0)
+
+
+@njit(inline="always")
+def _dec_iq2_s(w, r, ib, buf, mins, tab, grid, sgn):
+    # grid (1024, 8) uint8; sgn (256, 8) int16 +-1 of an explicit sign byte
+    o = ib * 82
+    for j in range(8):
+        sb = np.int16(w[r, o + 74 + j])
+        qh = np.int32(w[r, o + 66 + j])
+        for l in range(4):
+            s = 2 * ((sb >> (4 * (l // 2))) & 15) + 1
+            gi = np.int32(w[r, o + 2 + 4 * j + l]) | (((qh >> (2 * l)) & 3) << 8)
+            si = w[r, o + 34 + 4 * j + l]
+            for t in range(8):
+                buf[32 * j + 8 * l + t] = s * np.int16(grid[gi, t]) * sgn[si, t]
+    return _f16(w, r, o, tab) * np.float32(0.125), np.float32(0.0)
+
+
+@njit(inline="always")
+def _dec_iq3_xxs(w, r, ib, buf, mins, tab, grid, sgn):
+    # grid (256, 4) uint8; sgn (128, 8) int16 +-1 of the 7-bit parity sign index
+    o = ib * 98
+    for j in range(8):
+        a = (np.int32(w[r, o + 66 + 4 * j]) | (np.int32(w[r, o + 67 + 4 * j]) << 8)
+             | (np.int32(w[r, o + 68 + 4 * j]) << 16) | (np.int32(w[r, o + 69 + 4 * j]) << 24))
+        s = np.int16(2 * ((a >> 28) & 15) + 1)
+        for l in range(4):
+            si = (a >> (7 * l)) & 127
+            g1 = w[r, o + 2 + 8 * j + 2 * l]
+            g2 = w[r, o + 3 + 8 * j + 2 * l]
+            for t in range(4):
+                buf[32 * j + 8 * l + t] = s * np.int16(grid[g1, t]) * sgn[si, t]
+                buf[32 * j + 8 * l + 4 + t] = s * np.int16(grid[g2, t]) * sgn[si, 4 + t]
+    return _f16(w, r, o, tab) * np.float32(0.25), np.float32(0.0)
+
+
+@njit(inline="always")
+def _dec_iq3_s(w, r, ib, buf, mins, tab, grid, sgn):
+    # grid (512, 4) uint8; sgn (256, 8) int16 +-1 of an explicit sign byte
+    o = ib * 110
+    for j in range(8):
+        s = np.int16(1 + 2 * ((np.int32(w[r, o + 106 + j // 2]) >> (4 * (j % 2))) & 15))
+        qh = np.int32(w[r, o + 66 + j])
+        for l in range(4):
+            g1 = np.int32(w[r, o + 2 + 8 * j + 2 * l]) | (((qh >> (2 * l)) & 1) << 8)
+            g2 = np.int32(w[r, o + 3 + 8 * j + 2 * l]) | (((qh >> (2 * l + 1)) & 1) << 8)
+            si = w[r, o + 74 + 4 * j + l]
+            for t in range(4):
+                buf[32 * j + 8 * l + t] = s * np.int16(grid[g1, t]) * sgn[si, t]
+                buf[32 * j + 8 * l + 4 + t] = s * np.int16(grid[g2, t]) * sgn[si, 4 + t]
+    return _f16(w, r, o, tab), np.float32(0.0)
+
+
+@njit(inline="always")
+def _decode(qt, w, r, ib, buf, mins, tab, kv, grid, sgn):
+    if qt == Q4_K:
+        return _dec_q4_k(w, r, ib, buf, mins, tab)
+    if qt == Q5_K:
+        return _dec_q5_k(w, r, ib, buf, mins, tab)
+    if qt == Q6_K:
+        return _dec_q6_k(w, r, ib, buf, mins, tab)
+    if qt == Q3_K:
+        return _dec_q3_k(w, r, ib, buf, mins, tab)
+    if qt == Q2_K:
+        return _dec_q2_k(w, r, ib, buf, mins, tab)
+    if qt == IQ4_XS:
+        return _dec_iq4_xs(w, r, ib, buf, mins, tab, kv)
+    if qt == IQ2_XS:
+        return _dec_iq2_xs(w, r, ib, buf, mins, tab, grid, sgn)
+    if qt == IQ2_S:
+        return _dec_iq2_s(w, r, ib, buf, mins, tab, grid, sgn)
+    if qt == IQ3_XXS:
+        return _dec_iq3_xxs(w, r, ib, buf, mins, tab, grid, sgn)
+    return _dec_iq3_s(w, r, ib, buf, mins, tab, grid, sgn)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def gemv_int(qt, w, xq, xd, xs, y, tab, kv, grid, sgn, sbuf, smin, sacc):
+    """y[b, r] = row r of the raw 256-block matrix w (M, row_bytes) times activation b.
+
+    xq (B, K) int8, xd (B, K/256) fp32, xs (B, K/16) int32: see the module docstring.
+    sbuf (T, 256) int16, smin (T, 16) int16, sacc (T, B) fp32: per-thread scratch (T = pool size).
+    """
+    M = w.shape[0]
+    B = xq.shape[0]
+    nb = xq.shape[1] // 256
+    mins_used = qt == Q2_K or qt == Q4_K or qt == Q5_K
+    for r in prange(M):
+        tid = numba.get_thread_id()
+        buf = sbuf[tid]
+        mins = smin[tid]
+        acc = sacc[tid]
+        for b in range(B):
+            acc[b] = 0.0
+        ru = np.uint64(r)
+        for ib in range(nb):
+            f, dmin = _decode(qt, w, ru, ib, buf, mins, tab, kv, grid, sgn)
+            for b in range(B):
+                isum = np.int32(0)
+                for t in range(256):
+                    isum = np.int32(isum + np.int32(buf[t]) * np.int32(xq[b, 256 * ib + t]))
+                v = f * np.float32(isum)
+                if mins_used:
+                    msum = np.int32(0)
+                    for s in range(16):
+                        msum = np.int32(msum + np.int32(mins[s]) * xs[b, 16 * ib + s])
+                    v -= dmin * np.float32(msum)
+                acc[b] += xd[b, ib] * v
+        for b in range(B):
+            y[b, r] = acc[b]
+
+
+# ---- 32-element types: fp32 decode of up to 256 elements, fp32 dot ---------------------------
+
+@njit(inline="always")
+def _dec32x8(qt, w, r, blk0, fbuf, dsc, tab, kv):
+    """Decode the 8 32-blocks blk0.. of row r into fbuf[0:256] (block scale folded in). One
+    32-trip loop with all 8 blocks in its body: a thin 32-trip loop is fully unrolled by LLVM and
+    then left scalar (the SLP vectorizer cannot prove fbuf and w apart)."""
+    if qt == Q8_0:
+        for i in range(8):
+            dsc[i] = _f16(w, r, (blk0 + i) * 34, tab)
+        for t in range(32):
+            for i in range(8):
+                fbuf[32 * i + t] = dsc[i] * np.float32(np.int8(w[r, (blk0 + i) * 34 + 2 + t]))
+    elif qt == Q4_0:
+        for i in range(8):
+            dsc[i] = _f16(w, r, (blk0 + i) * 18, tab)
+        for t in range(16):
+            for i in range(8):
+                v = np.int32(w[r, (blk0 + i) * 18 + 2 + t])
+                fbuf[32 * i + t] = dsc[i] * np.float32((v & 15) - 8)
+                fbuf[32 * i + 16 + t] = dsc[i] * np.float32((v >> 4) - 8)
+    else:  # IQ4_NL
+        for i in range(8):
+            dsc[i] = _f16(w, r, (blk0 + i) * 18, tab)
+        for t in range(16):
+            for i in range(8):
+                v = w[r, (blk0 + i) * 18 + 2 + t]
+                fbuf[32 * i + t] = dsc[i] * np.float32(kv[v & 15])
+                fbuf[32 * i + 16 + t] = dsc[i] * np.float32(kv[v >> 4])
+
+
+@njit(inline="always")
+def _dec32(qt, w, r, blk, fbuf, tab, kv):
+    """Decode 32-block blk of row r into fbuf[0:32] (the < 8-block tail of a row)."""
+    o = blk * 34 if qt == Q8_0 else blk * 18
+    d = _f16(w, r, o, tab)
+    for t in range(32):
+        if qt == Q8_0:
+            v = np.float32(np.int8(w[r, o + 2 + t]))
+        else:
+            c = (np.int32(w[r, o + 2 + t % 16]) >> (4 * (t // 16))) & 15
+            v = np.float32(c - 8) if qt == Q4_0 else np.float32(kv[c])
+        fbuf[t] = d * v
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def gemv_f32(qt, w, x, y, tab, kv, sfbuf, sacc):
+    """y[b, r] = row r of the raw 32-block matrix w times x[b] (fp32). sfbuf (T, 264) fp32."""
+    M = w.shape[0]
+    B = x.shape[0]
+    nblk = x.shape[1] // 32
+    nc = nblk // 8
+    for r in prange(M):
+        tid = numba.get_thread_id()
+        fbuf = sfbuf[tid, :256]
+        dsc = sfbuf[tid, 256:]
+        acc = sacc[tid]
+        for b in range(B):
+            acc[b] = 0.0
+        ru = np.uint64(r)
+        for c in range(nc):
+            _dec32x8(qt, w, ru, 8 * c, fbuf, dsc, tab, kv)
+            for b in range(B):
+                s = np.float32(0.0)
+                for t in range(256):
+                    s += fbuf[t] * x[b, 256 * c + t]
+                acc[b] += s
+        for blk in range(8 * nc, nblk):
+            _dec32(qt, w, ru, blk, fbuf, tab, kv)
+            for b in range(B):
+                s = np.float32(0.0)
+                for t in range(32):
+                    s += fbuf[t] * x[b, 32 * blk + t]
+                acc[b] += s
+        for b in range(B):
+            y[b, r] = acc[b]
+
+
+@njit(fastmath=True, cache=True)
+def quantize_act(x, xq, xd, xs):
+    """x (B, K) fp32 -> xq int8 codes, xd fp32 scale per 256 (amax/127), xs int32 sum per 16."""
+    B, K = x.shape
+    for b in range(B):
+        for ib in range(K // 256):
+            amax = np.float32(0.0)
+            for t in range(256):
+                amax = max(amax, abs(x[b, 256 * ib + t]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(1.0) / d if amax > 0 else np.float32(0.0)
+            xd[b, ib] = d
+            for t in range(256):
+                xq[b, 256 * ib + t] = np.int8(np.rint(x[b, 256 * ib + t] * inv))
+            for s in range(16):
+                acc = np.int32(0)
+                for t in range(16):
+                    acc += np.int32(xq[b, 256 * ib + 16 * s + t])
+                xs[b, 16 * ib + s] = acc
