@@ -1,27 +1,32 @@
-"""Timing of tightfit.kernels.cpu_gemv: GB/s of weight bytes per format on this machine.
+"""Timing of tightfit.kernels.cpu_gemv: GB/s of weight bytes per format, 1 thread and all threads,
+against this machine's host read bandwidth.
 
-    python bench/cpu_gemv.py [--rows 17408] [--k 5120] [--batch 1] [--reps 5]
+    python bench/cpu_gemv.py [--rows 17408] [--k 5120] [--batch 1] [--reps 7] [--bw-gb 2]
+                             [--formats Q4_K,Q6_K] [--threads N]
 
-Random but valid blocks (finite fp16 scales), the ffn_up shape of the 27B by default. GB/s is the
-raw matrix bytes divided by the median time of one GEMV; the host-row share of a split plan costs
-about host_bytes / (this figure) per token.
+Random but valid blocks (finite fp16 scales), the ffn_up shape of the 27B by default (about 100 MB
+of Q4_K: far larger than the caches, as host rows are). GB/s is the raw matrix bytes divided by
+the best wall time of `reps` GEMVs. "bw" is a numpy sum over a `--bw-gb` GB buffer (best of 3),
+i.e. what one process can read from host RAM; "of bw" is the all-thread figure over it. The host
+share of a split plan costs about host_bytes / (all-thread GB/s) per token.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import numpy as np
 
 from tightfit.kernels import cpu_gemv as G
 
-# byte offsets of the fp16 scale fields per type (spec/quant-formats.md §2.3)
-SCALES = {"Q8_0": (8, 32, 34, [0]), "Q4_0": (2, 32, 18, [0]), "IQ4_NL": (20, 32, 18, [0]),
-          "IQ4_XS": (23, 256, 136, [0]), "Q2_K": (10, 256, 84, [80, 82]),
-          "Q3_K": (11, 256, 110, [108]), "Q4_K": (12, 256, 144, [0, 2]),
-          "Q5_K": (13, 256, 176, [0, 2]), "Q6_K": (14, 256, 210, [208]),
-          "IQ3_XXS (fallback)": (18, 256, 98, [0])}
+# name: (type id, elements per block, bytes per block, byte offsets of the fp16 scale fields)
+FORMATS = {
+    "Q8_0": (8, 32, 34, [0]), "Q4_0": (2, 32, 18, [0]), "IQ4_NL": (20, 32, 18, [0]),
+    "IQ4_XS": (23, 256, 136, [0]), "Q2_K": (10, 256, 84, [80, 82]), "Q3_K": (11, 256, 110, [108]),
+    "Q4_K": (12, 256, 144, [0, 2]), "Q5_K": (13, 256, 176, [0, 2]), "Q6_K": (14, 256, 210, [208]),
+    "IQ2_XS": (17, 256, 74, [0]), "IQ2_S": (22, 256, 82, [0]), "IQ3_XXS": (18, 256, 98, [0]),
+    "IQ3_S": (21, 256, 110, [0]), "IQ2_XXS (fallback)": (16, 256, 66, [0]),
+}
 
 
 def random_blocks(rng, M, K, bs, ts, offs):
@@ -33,27 +38,53 @@ def random_blocks(rng, M, K, bs, ts, offs):
     return raw
 
 
+def host_read_bw(gb: float) -> float:
+    buf = np.ones(int(gb * 1e9) // 8, dtype=np.float64)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - t0)
+    return buf.nbytes / best / 1e9
+
+
+def gbps(w, qt, x, reps) -> float:
+    G.gemv(w, qt, x)   # compile / warm
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        G.gemv(w, qt, x)
+        best = min(best, time.perf_counter() - t0)
+    return w.nbytes / best / 1e9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=17408)
     ap.add_argument("--k", type=int, default=5120)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--bw-gb", type=float, default=2.0)
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--threads", type=int, default=None, help="'all threads' count (default: pool)")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     x = rng.standard_normal((a.batch, a.k)).astype(np.float32)
-    print(f"cpu_gemv: M={a.rows} K={a.k} batch={a.batch} threads={G.n_threads()}")
-    for name, (qt, bs, ts, offs) in SCALES.items():
+    nt = G.set_threads(a.threads)
+    bw = host_read_bw(a.bw_gb)
+    print(f"cpu_gemv: M={a.rows} K={a.k} batch={a.batch}; host read bw (numpy sum, "
+          f"{a.bw_gb:g} GB) {bw:.1f} GB/s")
+    print(f"{'format':20s} {'MB':>8s} {'1 thread':>9s} {f'{nt} thr':>9s} {'of bw':>7s}   GB/s")
+    for name in a.formats.split(","):
+        qt, bs, ts, offs = FORMATS[name]
         rows = a.rows if "fallback" not in name else min(a.rows, 2048)
         w = random_blocks(rng, rows, a.k, bs, ts, offs)
-        G.gemv(w[:64], qt, x)  # compile / warm
-        times = []
-        for _ in range(a.reps):
-            t0 = time.perf_counter()
-            G.gemv(w, qt, x)
-            times.append(time.perf_counter() - t0)
-        t = statistics.median(times)
-        print(f"{name:20s} {w.nbytes / 1e6:9.1f} MB  {t * 1e3:8.2f} ms  {w.nbytes / t / 1e9:6.2f} GB/s")
+        G.set_threads(1)
+        one = gbps(w, qt, x, max(3, a.reps // 2))
+        G.set_threads(nt)
+        alln = gbps(w, qt, x, a.reps)
+        print(f"{name:20s} {w.nbytes / 1e6:8.1f} {one:9.2f} {alln:9.2f} {alln / bw:7.0%}")
+        del w
     # one embedding row of the 27B's Q3_K token_embd (E = 5120)
     w = random_blocks(rng, 4096, a.k, 256, 110, [108])
     G.decode_rows(w, 11, [1])

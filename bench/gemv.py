@@ -1,11 +1,15 @@
-"""Device benchmark + device correctness of tightfit's GGUF GEMV kernels (issue 6).
+"""Device benchmark + device correctness of tightfit's GGUF GEMV kernels (v1 and v2).
 
-  python3 bench/gemv.py --formats IQ4_XS,Q6_K --shapes ffn --ns 1,8 --budget 400 --out $OUT
+  python3 bench/gemv.py --out $OUT            # defaults: ONE device call, ~3-5 minutes
 
+Implementations (--impls): v1 (gemv_kernel.py, dp4a), v2 (gemv2.py, int8 tensor cores, raw GGUF
+blocks), v2p (v2 on the planar re-layout, gemv2_layout.relayout).
 Correctness: at real shapes, sampled rows vs NumPy dequantization + float64 matmul (both with the
 float x, bound 2 %, and with the int8-quantized x the kernel actually sees, bound 1e-4).
-Timing: S weight sets (S*bytes >> 60 MB L2) replayed from one CUDA graph, per matrix; copy
-bandwidth measured the same way in the same run; llama.cpp's number from the shared CSV.
+Timing: S weight sets (S*bytes >> 60 MB L2) replayed from one CUDA graph, per matrix, activation
+quantization included (as llama.cpp's numbers); copy bandwidth measured the same way in the same
+run (float32 and int64 copy_); llama.cpp's number from the CSV (.whl/ or ../shared/bench/).
+Every format/shape runs under try/except: a failure is recorded and the run goes on.
 Prints a short table last; details (JSON lines) go to OUT/gemv.jsonl.
 """
 from __future__ import annotations
@@ -22,11 +26,17 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from tightfit.kernels.gemv import gemv, gemv_ref, type_id, type_name, MACRO_BYTES  # noqa: E402
-from tightfit.kernels.quantize_act import quantize_act_ref, LAYOUTS  # noqa: E402
-from tightfit.kernels.gemv_kernel import ACT_LAYOUT  # noqa: E402
+import traceback  # noqa: E402
 
-SHAPES = {"ffn": [(5120, 17408), (17408, 5120)], "attn": [(5120, 1024), (5120, 6144), (6144, 5120)],
+from tightfit.kernels.gemv import gemv, gemv_ref, type_id, type_name, MACRO_BYTES  # noqa: E402
+from tightfit.kernels.gemv2 import gemv2  # noqa: E402
+from tightfit.kernels.gemv2_layout import relayout_torch, V2_TYPES  # noqa: E402
+from tightfit.kernels.quantize_act import quantize_act_ref  # noqa: E402
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+SHAPES = {"ffn": [(5120, 17408), (17408, 5120)], "kv": [(5120, 1024)],
+          "attn": [(5120, 1024), (5120, 6144), (6144, 5120)],
           "other": [(5120, 10240), (5120, 12288)], "head": [(5120, 248320)]}
 # byte offsets of fp16 scale fields per block, and block bytes
 SCALES = {8: ([0], 34), 2: ([0], 18), 6: ([0], 22), 20: ([0], 18), 42: ([0], 18), 41: ([0], 18),
@@ -69,9 +79,11 @@ def graph_time(fn, reps=20):
     return float(np.median(ts))
 
 
-def copy_bw():
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+def copy_bw(dtype):
+    """Graph-timed device copy of 1 GiB of `dtype` (read + write bytes / time)."""
+    nbytes = 1 << 30
+    src = torch.ones(nbytes // torch.tensor([], dtype=dtype).element_size(), dtype=dtype,
+                     device="cuda")
     dst = torch.empty_like(src)
 
     def f():
@@ -80,7 +92,28 @@ def copy_bw():
     graph_time(f, 10)            # clocks ramp up from idle first
     ms = graph_time(f, 20) / 8
     del src, dst
-    return 2 * n / (ms * 1e-3) / 1e9
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def call(impl, x, w, t, n_out, n_in, out, cfg=None):
+    """One GEMV by implementation name; w is planar for v2p."""
+    if impl == "v1":
+        os.environ["TIGHTFIT_GEMV"] = "v1"
+        try:
+            return gemv(x, w, t, n_out, n_in, out=out, config=cfg)
+        finally:
+            os.environ["TIGHTFIT_GEMV"] = "v2"
+    return gemv2(x, w, t, n_out, n_in, out=out, planar=impl == "v2p", config=cfg)
+
+
+def find_csv(arg):
+    for p in ([arg] if arg else []) + [os.path.join(REPO, ".whl", "llama-cpp-h200-gemv.csv"),
+                                       os.path.join(REPO, "..", "shared", "bench",
+                                                    "llama-cpp-h200-gemv.csv")]:
+        if p and os.path.exists(p):
+            return p
+    return None
 
 
 def load_llama(path):
@@ -94,45 +127,55 @@ def load_llama(path):
     return out
 
 
-def check(t, n_in, n_out, ns, gen, rows=128):
+def check(t, n_in, n_out, ns, gen, impls, rows=128):
     w = rand_weights(t, n_out, n_in, gen)
     sel = np.sort(np.random.default_rng(0).choice(n_out, size=min(rows, n_out), replace=False))
     rb = n_in // 256 * MACRO_BYTES[t]
     wsel = w.view(n_out, rb)[torch.from_numpy(sel).cuda()].cpu().numpy()
     res = []
-    for n in ns:
-        x = torch.randn(n, n_in, device="cuda")
-        out = torch.full((n, n_out), float("nan"), device="cuda")
-        y = gemv(x, w, t, n_out, n_in, out=out).cpu().numpy()
-        nan = int(np.isnan(y).sum())
-        xn = x.cpu().numpy()
-        ref = gemv_ref(xn, wsel, t, len(sel), n_in)
-        q, d, _ = quantize_act_ref(xn)
-        refq = gemv_ref((q * d[..., None]).reshape(n, n_in), wsel, t, len(sel), n_in)
-        ys = y[:, sel]
-        e = float(np.linalg.norm(ys - ref) / np.linalg.norm(ref))
-        eq = float(np.linalg.norm(ys - refq) / np.linalg.norm(refq))
-        ok = nan == 0 and e < 0.02 and eq < 1e-4
-        res.append(dict(kind="check", type=type_name(t), n_in=n_in, n_out=n_out, N=n,
-                        relerr=e, relerr_qx=eq, nan=nan, ok=ok))
+    for impl in impls:
+        if impl != "v1" and t not in V2_TYPES:
+            continue
+        wi = relayout_torch(w, t) if impl == "v2p" else w
+        for n in ns:
+            x = torch.randn(n, n_in, device="cuda")
+            out = torch.full((n, n_out), float("nan"), device="cuda")
+            y = call(impl, x, wi, t, n_out, n_in, out).cpu().numpy()
+            nan = int(np.isnan(y).sum())
+            xn = x.cpu().numpy()
+            ref = gemv_ref(xn, wsel, t, len(sel), n_in)
+            q, d, _ = quantize_act_ref(xn)
+            refq = gemv_ref((q * d[..., None]).reshape(n, n_in), wsel, t, len(sel), n_in)
+            ys = y[:, sel]
+            e = float(np.linalg.norm(ys - ref) / np.linalg.norm(ref))
+            eq = float(np.linalg.norm(ys - refq) / np.linalg.norm(refq))
+            ok = nan == 0 and e < 0.02 and eq < 1e-4
+            res.append(dict(kind="check", impl=impl, type=type_name(t), n_in=n_in, n_out=n_out,
+                            N=n, relerr=e, relerr_qx=eq, nan=nan, ok=ok))
+        del wi
     return res
 
 
-def timeit(t, n_in, n_out, ns, gen, cfg=None, min_bytes=1.5e9):
+def timeit(t, n_in, n_out, ns, gen, impls, cfg=None, min_bytes=1.5e9):
     nbytes = n_out * n_in // 256 * MACRO_BYTES[t]
     sets = max(8, math.ceil(min_bytes / nbytes))
     ws = [rand_weights(t, n_out, n_in, gen) for _ in range(sets)]
     res = []
-    for n in ns:
-        x = torch.randn(n, n_in, device="cuda")
-        outs = [torch.empty(n, n_out, device="cuda") for _ in range(sets)]
+    for impl in sorted(impls, key=lambda i: i == "v2p"):     # v2p last: it re-lays ws out
+        if impl != "v1" and t not in V2_TYPES:
+            continue
+        if impl == "v2p":
+            ws = [relayout_torch(w, t) for w in ws]
+        for n in ns:
+            x = torch.randn(n, n_in, device="cuda")
+            outs = [torch.empty(n, n_out, device="cuda") for _ in range(sets)]
 
-        def f():
-            for w, o in zip(ws, outs):
-                gemv(x, w, t, n_out, n_in, out=o, config=cfg)
-        ms = graph_time(f) / sets
-        res.append(dict(kind="time", type=type_name(t), n_in=n_in, n_out=n_out, N=n,
-                        us=ms * 1e3, GBps=nbytes / (ms * 1e-3) / 1e9, sets=sets, cfg=cfg))
+            def f():
+                for w, o in zip(ws, outs):
+                    call(impl, x, w, t, n_out, n_in, o, cfg)
+            ms = graph_time(f) / sets
+            res.append(dict(kind="time", impl=impl, type=type_name(t), n_in=n_in, n_out=n_out,
+                            N=n, us=ms * 1e3, GBps=nbytes / (ms * 1e-3) / 1e9, sets=sets, cfg=cfg))
     del ws
     torch.cuda.empty_cache()
     return res
@@ -140,45 +183,66 @@ def timeit(t, n_in, n_out, ns, gen, cfg=None, min_bytes=1.5e9):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--formats", default="IQ4_XS,Q5_K,Q6_K,Q3_K,Q4_K,Q8_0,IQ2_XS,IQ2_S,IQ3_S,"
-                    "IQ3_XXS,IQ4_NL,Q2_K")
-    ap.add_argument("--check-shapes", default="ffn")
+    ap.add_argument("--formats", default="IQ4_XS,Q5_K,Q6_K,Q4_K,Q3_K,Q8_0")
+    ap.add_argument("--impls", default="v1,v2,v2p")
+    ap.add_argument("--check-shapes", default="ffn,kv")
     ap.add_argument("--check-ns", default="1,8")
     ap.add_argument("--time-formats", default="")
-    ap.add_argument("--shapes", default="ffn,attn")
+    ap.add_argument("--shapes", default="ffn,kv")
     ap.add_argument("--ns", default="1,8")
-    ap.add_argument("--configs", default="", help="JSON list of config dicts to sweep (N=1)")
-    ap.add_argument("--budget", type=float, default=400.0)
+    ap.add_argument("--configs", default="", help="JSON list of config dicts to sweep")
+    ap.add_argument("--budget", type=float, default=270.0, help="seconds; timing stops after")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--csv", default="../shared/bench/llama-cpp-h200-gemv.csv")
+    ap.add_argument("--csv", default="")
     a = ap.parse_args()
     t_start = time.time()
+    os.makedirs(a.out, exist_ok=True)
     log = open(os.path.join(a.out, "gemv.jsonl"), "a")
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1234)
+    impls = [i for i in a.impls.split(",") if i]
+    results = []
 
     def emit(r):
         log.write(json.dumps(r) + "\n")
         log.flush()
         print(json.dumps(r), flush=True)
-    bw = copy_bw()
-    emit(dict(kind="copy", GBps=bw, device=torch.cuda.get_device_name()))
-    llama = load_llama(a.csv)
+        results.append(r)
+
+    def guarded(what, fn):
+        try:
+            for r in fn():
+                r["wall_s"] = round(time.time() - t_start, 1)
+                yield r
+        except Exception as e:      # record and go on with the next format/shape
+            emit(dict(kind="error", what=what, error=f"{type(e).__name__}: {str(e)[:800]}",
+                      tb=traceback.format_exc()[-2000:]))
+            torch.cuda.empty_cache()
+
+    bw = {}
+    for name, dt in (("float32", torch.float32), ("int64", torch.int64)):
+        for r in guarded(f"copy {name}", lambda: [dict(kind="copy", dtype=name, GBps=copy_bw(dt),
+                                                        device=torch.cuda.get_device_name())]):
+            bw[name] = r["GBps"]
+            emit(r)
+    bwm = max(bw.values()) if bw else 4300.0
+    csvp = find_csv(a.csv)
+    llama = load_llama(csvp) if csvp else {}
+    emit(dict(kind="info", csv=csvp, llama_rows=len(llama), impls=impls))
     fmts = [type_id(f) for f in a.formats.split(",") if f]
     cshapes = [s for k in a.check_shapes.split(",") if k for s in SHAPES[k]]
-    results = []
+    cns = [int(v) for v in a.check_ns.split(",")]
     for t in fmts:
         for (k, m) in cshapes:
-            if time.time() - t_start > a.budget * 0.5:
+            if time.time() - t_start > a.budget * 0.35:
                 break
-            t0 = time.time()
-            for r in check(t, k, m, [int(v) for v in a.check_ns.split(",")], gen):
-                r["wall_s"] = time.time() - t0
+            for r in guarded(f"check {type_name(t)} {k}x{m}",
+                             lambda: check(t, k, m, cns, gen, impls)):
                 emit(r)
-                results.append(r)
     tf = [type_id(f) for f in (a.time_formats or a.formats).split(",") if f]
     shapes = [s for k in a.shapes.split(",") if k for s in SHAPES[k]]
     cfgs = json.loads(a.configs) if a.configs else [None]
+    ns = [int(v) for v in a.ns.split(",")]
     for t in tf:
         for (k, m) in shapes:
             if (k, m) == (5120, 248320) and t != 14:
@@ -186,25 +250,44 @@ def main():
             for cfg in cfgs:
                 if time.time() - t_start > a.budget:
                     break
-                for r in timeit(t, k, m, [int(v) for v in a.ns.split(",")], gen, cfg):
-                    r["pct_copy"] = 100 * r["GBps"] / bw
+                for r in guarded(f"time {type_name(t)} {k}x{m} {cfg}",
+                                 lambda: timeit(t, k, m, ns, gen, impls, cfg)):
+                    r["pct_copy"] = 100 * r["GBps"] / bwm
                     ll = llama.get((r["type"], k, m, r["N"]))
                     r["llama_us"] = ll
                     r["x_llama"] = (ll / r["us"]) if ll else None
                     emit(r)
-                    results.append(r)
-    print(f"\ncopy bandwidth {bw:.0f} GB/s; wall {time.time() - t_start:.0f}s")
-    print("CHECK type n_in n_out N relerr relerr_qx ok")
+    report(results, bw, bwm, time.time() - t_start)
+
+
+def report(results, bw, bwm, wall):
+    times = [r for r in results if r["kind"] == "time"]
+    t1 = {(r["impl"], r["type"], r["n_in"], r["n_out"]): r["us"] for r in times if r["N"] == 1}
+    v1 = {(r["type"], r["n_in"], r["n_out"], r["N"]): r["us"] for r in times if r["impl"] == "v1"}
+    print()
+    for r in results:
+        if r["kind"] == "error":
+            print(f"ERROR {r['what']}: {r['error'][:300]}")
+    print("CHECK impl type n_in n_out N relerr relerr_qx ok")
     for r in results:
         if r["kind"] == "check":
-            print(f"C {r['type']:8s} {r['n_in']:6d} {r['n_out']:6d} {r['N']:2d} "
+            print(f"C {r['impl']:3s} {r['type']:7s} {r['n_in']:6d} {r['n_out']:6d} {r['N']:2d} "
                   f"{r['relerr']:.2e} {r['relerr_qx']:.1e} {r['ok']}")
-    print("TIME type n_in n_out N us GB/s %copy x_llama cfg")
-    for r in results:
-        if r["kind"] == "time":
-            xl = f"{r['x_llama']:.2f}" if r["x_llama"] else "-"
-            print(f"T {r['type']:8s} {r['n_in']:6d} {r['n_out']:6d} {r['N']:2d} {r['us']:8.2f} "
-                  f"{r['GBps']:6.0f} {r['pct_copy']:5.1f} {xl:>5s} {r['cfg'] or ''}")
+    bad = [r for r in results if r["kind"] == "check" and not r["ok"]]
+    print(f"checks: {sum(r['kind'] == 'check' for r in results) - len(bad)} ok, {len(bad)} bad")
+    copies = ", ".join(f"{k} {v:.0f} GB/s" for k, v in bw.items())
+    print(f"copy bandwidth: {copies}; % columns use {bwm:.0f} GB/s; wall {wall:.0f}s")
+    print("| impl | type | shape (in→out) | N | µs | GB/s | % copy | × llama.cpp | × v1 | t(N)/t(1) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(times, key=lambda r: (r["type"], r["n_in"], r["n_out"], r["N"], r["impl"])):
+        xl = f"{r['x_llama']:.2f}" if r.get("x_llama") else "–"
+        b1 = t1.get((r["impl"], r["type"], r["n_in"], r["n_out"]))
+        rt = f"{r['us'] / b1:.2f}" if b1 else "–"
+        u1 = v1.get((r["type"], r["n_in"], r["n_out"], r["N"]))
+        xv = f"{u1 / r['us']:.2f}" if u1 else "–"
+        print(f"| {r['impl']} | {r['type']} | {r['n_in']}→{r['n_out']} | {r['N']} | {r['us']:.1f} | "
+              f"{r['GBps']:.0f} | {r['pct_copy']:.0f} | {xl} | {xv} | {rt} |"
+              + (f" cfg {r['cfg']}" if r.get("cfg") else ""))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""CPU GEMV on raw GGUF blocks vs gguf-py's dequantizer + float64 matmul, on fresh random blocks."""
+"""CPU GEMV on raw GGUF blocks vs gguf-py's dequantizer + float64 matmul, on fresh random blocks.
+
+Error bounds are relative to |x|.|W| per output: the integer kernels quantize x to int8 per 256
+(round-to-nearest: |err| <= amax/254 per element, about 2e-3 of |x|.|W| on Gaussian data; bound
+1e-2); the 32-element types and the fallback keep x in fp32 (bound 1e-5)."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +15,9 @@ from tightfit.kernels import cpu_gemv as G
 # byte offsets of the fp16 scale fields (spec/quant-formats.md §2.3); set to sane finite values
 SCALES = {"Q8_0": [0], "Q4_0": [0], "IQ4_NL": [0], "IQ4_XS": [0], "Q2_K": [80, 82],
           "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "F16": None,
-          "Q5_0": [0], "IQ3_XXS": [0]}   # last two: fallback path
+          "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0],
+          "Q5_0": [0], "IQ2_XXS": [0]}   # last two: fallback path
+INT8_ACT = {"IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"}
 
 
 def blocks(rng, name, rows, k):
@@ -32,21 +38,24 @@ def reference(raw, name, rows, k):
 
 
 @pytest.mark.parametrize("name", list(SCALES))
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [1, 3, 16])
 def test_gemv_matches_numpy(name, batch):
-    rng = np.random.default_rng(hash((name, batch)) % 2**32)
-    rows, k = 37, 512            # 37: not a multiple of the row chunk
+    rng = np.random.default_rng(abs(hash((name, batch))) % 2**32)
+    rows, k = 37, 512 + 256 * (name in ("Q8_0", "Q4_0", "IQ4_NL"))   # 768: a tail of < 8 blocks
     raw = blocks(rng, name, rows, k)
     x = rng.standard_normal((batch, k)).astype(np.float32)
     W = reference(raw, name, rows, k)
     want = x.astype(np.float64) @ W.T
     got = G.gemv(raw, T[name], x)
     scale = np.abs(x).astype(np.float64) @ np.abs(W).T + 1e-30
+    tol = 1e-2 if name in INT8_ACT else 1e-5
     assert got.shape == (batch, rows)
-    assert np.max(np.abs(got - want) / scale) < 1e-5
+    assert np.max(np.abs(got - want) / scale) < tol
     one = G.gemv(raw, T[name], x[0])
     assert one.shape == (rows,)
-    assert np.max(np.abs(one - want[0]) / scale[0]) < 1e-5
+    assert np.max(np.abs(one - want[0]) / scale[0]) < tol
+    if name in INT8_ACT:   # not merely inside the bound: the typical error is int8-sized
+        assert np.median(np.abs(got - want) / scale) < 3e-3
 
 
 @pytest.mark.parametrize("name", ["Q3_K", "Q4_K", "Q6_K", "IQ4_XS", "Q8_0", "Q5_0"])
@@ -66,9 +75,43 @@ def test_gemv_on_a_view_of_the_bytes():
     raw = blocks(rng, "Q4_K", 64, 256)
     buf = np.concatenate([np.zeros(100, np.uint8), raw.reshape(-1)]).tobytes()
     view = G.as_rows(buf, raw.shape[1], 64, offset=100)
+    assert not view.flags.writeable   # like the read-only mmap
     x = rng.standard_normal(256).astype(np.float32)
-    np.testing.assert_allclose(G.gemv(view, T.Q4_K, x), x.astype(np.float64) @ reference(raw, "Q4_K", 64, 256).T,
-                               rtol=1e-4, atol=1e-4)
+    W = reference(raw, "Q4_K", 64, 256)
+    err = np.abs(G.gemv(view, T.Q4_K, x) - x.astype(np.float64) @ W.T)
+    assert np.max(err / (np.abs(x).astype(np.float64) @ np.abs(W).T)) < 1e-2
+
+
+def test_threads_and_reuse():
+    """Thread count is configurable; results do not depend on it, nor on earlier calls that
+    reused the scratch with another batch size; `out` is filled in place."""
+    rng = np.random.default_rng(5)
+    raw = blocks(rng, "Q5_K", 70, 512)
+    x = rng.standard_normal((4, 512)).astype(np.float32)
+    old = G.n_threads()
+    try:
+        assert G.set_threads(1) == 1
+        one = G.gemv(raw, T.Q5_K, x)
+        G.gemv(raw, T.Q5_K, x[:2])
+        G.set_threads(None)
+        out = np.empty((4, 70), np.float32)
+        got = G.gemv(raw, T.Q5_K, x, out=out)
+        assert got.base is out or got is out
+        np.testing.assert_array_equal(one, out)
+    finally:
+        G.set_threads(old)
+
+
+def test_zero_activation_block():
+    """An all-zero 256-slice of x (amax = 0) must give exactly the float result, not NaN."""
+    rng = np.random.default_rng(6)
+    raw = blocks(rng, "Q4_K", 8, 512)
+    x = rng.standard_normal(512).astype(np.float32)
+    x[:256] = 0
+    want = x.astype(np.float64) @ reference(raw, "Q4_K", 8, 512).T
+    got = G.gemv(raw, T.Q4_K, x)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=1e-2 * np.abs(want).max())
 
 
 def test_shape_mismatch_is_an_error():

@@ -5,7 +5,6 @@ output, events, stop handling and the final state; the exact target distribution
 from `Engine.logits` of fresh sequences, for sampled output (chi-square test)."""
 from __future__ import annotations
 
-import itertools
 import time
 
 import numpy as np

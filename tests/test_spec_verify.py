@@ -120,7 +120,6 @@ def test_partial_commit_equals_plain_forward_of_kept_tokens(ref_model, verifier,
 
 
 def test_native_block_logits_and_hidden_match_reference(ref_model):
-    from tightfit.model.reference import rmsnorm
     m = ref_model
     prompt, block = [5, 6, 7, 8, 9], [100, 200, 300, 400]
     ver = NativeVerifier(m)
@@ -135,4 +134,3 @@ def test_native_block_logits_and_hidden_match_reference(ref_model):
     lg = torch.nn.functional.linear(rnd.hidden, m.weights[m._head].float())
     np.testing.assert_allclose(lg.numpy(), want[len(prompt):], rtol=1e-4, atol=1e-4)
     assert hidden.shape == (len(prompt), m.config.n_embd)
-    _ = rmsnorm

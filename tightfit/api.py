@@ -76,6 +76,10 @@ def open_model(path: str | os.PathLike[str]) -> ModelFile:
                      mtp_tensors=inv.mtp, tokenizer_metadata=tok, inventory=inv)
 
 
-def load(path: str | os.PathLike[str], device: str = "cpu", **kw: Any) -> ModelFile:
-    """Open a model. For now this is `open_model`; later it returns an engine wrapping it."""
-    return open_model(path)
+def load(path: str | os.PathLike[str], device: str = "cpu", n_ctx: int | None = None, **kw: Any):
+    """Open, validate and load a model for inference. Returns a `tightfit.runtime.engine.Engine`
+    (`.config`, `.file` (the ModelFile: tensor views), `.tokenizer`, `.logits(ids)`,
+    `.generate(prompt, ...)`, `.chat(messages, ...)`). `device`: "cpu" (reference forward) or
+    "cuda[:N]" (graph-captured GPU executor)."""
+    from tightfit.runtime.loader import load_engine
+    return load_engine(os.fspath(path), device=device, n_ctx=n_ctx, **kw)

@@ -10,6 +10,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", help="qwen35 GGUF file (default: the built-in random demo model)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--kv-type", "-ctk", default="f16", choices=["f16", "f32"],
+                   help="KV cache element type (default f16, as llama.cpp)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -46,4 +49,7 @@ def resolve_model(a: argparse.Namespace) -> str:
 
 def load_from_args(a: argparse.Namespace):
     from tightfit.runtime.loader import load_engine
-    return load_engine(resolve_model(a), device=a.device, n_ctx=a.ctx_size)
+    if a.threads:
+        import torch
+        torch.set_num_threads(a.threads)
+    return load_engine(resolve_model(a), device=a.device, n_ctx=a.ctx_size, kv_type=a.kv_type)

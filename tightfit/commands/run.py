@@ -13,6 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("-p", "--prompt", default=None, help="prompt text")
     p.add_argument("-f", "--file", default=None, help="read the prompt from a file")
+    p.add_argument("--prompt-ids", default=None, help="the prompt as token ids ('1 2 3' or '1,2,3'), e.g. to replay another engine's input")
     p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (default 64; -1 = until the context is full)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
@@ -22,7 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(a: argparse.Namespace) -> int:
-    if a.file:
+    if a.prompt_ids is not None:
+        try:
+            prompt = [int(t) for t in a.prompt_ids.replace(",", " ").split()]
+        except ValueError:
+            raise UserError(f"--prompt-ids: expected integers, got {a.prompt_ids!r}") from None
+    elif a.file:
         try:
             with open(a.file, encoding="utf-8") as f:
                 prompt = f.read()
@@ -30,7 +36,7 @@ def main(a: argparse.Namespace) -> int:
             raise UserError(f"cannot read prompt file: {e}") from e
     else:
         prompt = a.prompt if a.prompt is not None else "Hello"
-    if prompt == "":
+    if len(prompt) == 0:
         raise UserError("the prompt is empty")
     sampling = sampling_from_args(a)
     eng = load_from_args(a)
@@ -38,7 +44,7 @@ def main(a: argparse.Namespace) -> int:
         eng.tokenizer = _NoEos(eng.tokenizer)
     max_tokens = None if a.n_predict < 0 else a.n_predict
     last = None
-    sys.stdout.write(prompt)
+    sys.stdout.write(prompt if isinstance(prompt, str) else eng.tokenizer.decode(prompt))
     for ev in eng.generate(prompt, max_tokens=max_tokens, sampling=sampling, stop=a.stop):
         sys.stdout.write(ev.text)
         sys.stdout.flush()

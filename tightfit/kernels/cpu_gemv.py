@@ -203,7 +203,8 @@ class _Scratch:
         self.xs = np.zeros((B, K // 16), np.int32)
         self.buf = np.zeros((_POOL, 256), np.int16)
         self.mins = np.zeros((_POOL, 16), np.int16)
-        self.fbuf = np.zeros((_POOL, 264), np.float32)
+        self.fbuf = np.zeros((_POOL, 256), np.float32)
+        self.dsc = np.zeros((_POOL, 8), np.float32)
         self.acc = np.zeros((_POOL, B), np.float32)
 
 
@@ -279,7 +280,7 @@ def gemv(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = None
             numba.set_num_threads(_threads)
         s = _scratch(B, K)
         if qtype in _K.F32_TYPES:
-            _K.gemv_f32(qtype, w, x2, y2, _F16, _KV4_16, s.fbuf, s.acc)
+            _K.gemv_f32(qtype, w, x2, y2, _F16, _KV4_16, s.fbuf, s.dsc, s.acc)
         else:
             _K.quantize_act(x2, s.xq, s.xd, s.xs)
             grid, sgn = _GRIDS.get(qtype, _NOGRID)
@@ -306,7 +307,13 @@ def decode_rows(w: np.ndarray, qtype: int, rows) -> np.ndarray:
     if qtype == F32:
         out[:] = w.view(np.float32)[rows]
     elif qtype in _DECODE_NATIVE:
-        _decode_rows_native(qtype, bs, ts, w, rows, out, _F16, _KV4)
+        # a few rows (the per-token embedding lookup) are not worth waking the thread pool
+        nt = numba.get_num_threads()
+        numba.set_num_threads(1 if rows.size <= 4 else _threads)
+        try:
+            _decode_rows_native(qtype, bs, ts, w, rows, out, _F16, _KV4)
+        finally:
+            numba.set_num_threads(nt)
     else:
         for i, r in enumerate(rows):
             out[i] = _dequant_rows(w[r:r + 1], qtype)[0]

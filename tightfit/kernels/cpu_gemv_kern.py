@@ -36,19 +36,19 @@ _HAS_MINS = (Q2_K, Q4_K, Q5_K)
 
 
 @njit(inline="always")
-def _f16(w, r, o, tab):
-    return tab[np.int32(w[r, o]) | (np.int32(w[r, o + 1]) << 8)]
+def _f16(w, o, tab):
+    return tab[np.int32(w[o]) | (np.int32(w[o + 1]) << 8)]
 
 
 @njit(inline="always")
-def _k4(w, r, s, j):
+def _k4(w, s, j):
     """6-bit scale and min j of the 12-byte K4 packing at byte s (Q4_K, Q5_K)."""
     if j < 4:
-        sc = np.int32(w[r, s + j]) & 63
-        m = np.int32(w[r, s + j + 4]) & 63
+        sc = np.int32(w[s + j]) & 63
+        m = np.int32(w[s + j + 4]) & 63
     else:
-        sc = (np.int32(w[r, s + j + 4]) & 15) | ((np.int32(w[r, s + j - 4]) >> 6) << 4)
-        m = (np.int32(w[r, s + j + 4]) >> 4) | ((np.int32(w[r, s + j]) >> 6) << 4)
+        sc = (np.int32(w[s + j + 4]) & 15) | ((np.int32(w[s + j - 4]) >> 6) << 4)
+        m = (np.int32(w[s + j + 4]) >> 4) | ((np.int32(w[s + j]) >> 6) << 4)
     return sc, m
 
 
@@ -56,11 +56,10 @@ def _k4(w, r, s, j):
 # Each returns (factor, dmin); value = factor * code - dmin * min.
 
 @njit(inline="always")
-def _dec_q4_k(w, r, ib, buf, mins, tab):
-    o = ib * 144
+def _dec_q4_k(w, buf, mins, tab):
     for jj in range(4):
-        sc0, m0 = _k4(w, r, o + 4, 2 * jj)
-        sc1, m1 = _k4(w, r, o + 4, 2 * jj + 1)
+        sc0, m0 = _k4(w, 4, 2 * jj)
+        sc1, m1 = _k4(w, 4, 2 * jj + 1)
         mins[4 * jj] = m0
         mins[4 * jj + 1] = m0
         mins[4 * jj + 2] = m1
@@ -68,18 +67,17 @@ def _dec_q4_k(w, r, ib, buf, mins, tab):
         s0 = np.int16(sc0)
         s1 = np.int16(sc1)
         for t in range(32):
-            v = w[r, o + 16 + 32 * jj + t]
+            v = w[16 + 32 * jj + t]
             buf[64 * jj + t] = s0 * np.int16(v & 15)
             buf[64 * jj + 32 + t] = s1 * np.int16(v >> 4)
-    return _f16(w, r, o, tab), _f16(w, r, o + 2, tab)
+    return _f16(w, 0, tab), _f16(w, 2, tab)
 
 
 @njit(inline="always")
-def _dec_q5_k(w, r, ib, buf, mins, tab):
-    o = ib * 176
+def _dec_q5_k(w, buf, mins, tab):
     for jj in range(4):
-        sc0, m0 = _k4(w, r, o + 4, 2 * jj)
-        sc1, m1 = _k4(w, r, o + 4, 2 * jj + 1)
+        sc0, m0 = _k4(w, 4, 2 * jj)
+        sc1, m1 = _k4(w, 4, 2 * jj + 1)
         mins[4 * jj] = m0
         mins[4 * jj + 1] = m0
         mins[4 * jj + 2] = m1
@@ -87,196 +85,187 @@ def _dec_q5_k(w, r, ib, buf, mins, tab):
         s0 = np.int16(sc0)
         s1 = np.int16(sc1)
         for t in range(32):
-            v = np.int16(w[r, o + 48 + 32 * jj + t])
-            h = np.int16(w[r, o + 16 + t]) >> (2 * jj)
+            v = np.int16(w[48 + 32 * jj + t])
+            h = np.int16(w[16 + t]) >> (2 * jj)
             buf[64 * jj + t] = s0 * ((v & 15) | ((h & 1) << 4))
             buf[64 * jj + 32 + t] = s1 * ((v >> 4) | ((h & 2) << 3))
-    return _f16(w, r, o, tab), _f16(w, r, o + 2, tab)
+    return _f16(w, 0, tab), _f16(w, 2, tab)
 
 
 @njit(inline="always")
-def _dec_q6_k(w, r, ib, buf, mins, tab):
-    o = ib * 210
+def _dec_q6_k(w, buf, mins, tab):
     for h in range(2):
         for half in range(2):
             s = 8 * h + half
-            sc0 = np.int16(np.int8(w[r, o + 192 + s]))
-            sc1 = np.int16(np.int8(w[r, o + 194 + s]))
-            sc2 = np.int16(np.int8(w[r, o + 196 + s]))
-            sc3 = np.int16(np.int8(w[r, o + 198 + s]))
+            sc0 = np.int16(np.int8(w[192 + s]))
+            sc1 = np.int16(np.int8(w[194 + s]))
+            sc2 = np.int16(np.int8(w[196 + s]))
+            sc3 = np.int16(np.int8(w[198 + s]))
             for u in range(16):
                 t = 16 * half + u
-                l0 = np.int16(w[r, o + 64 * h + t])
-                l1 = np.int16(w[r, o + 64 * h + 32 + t])
-                hb = np.int16(w[r, o + 128 + 32 * h + t])
+                l0 = np.int16(w[64 * h + t])
+                l1 = np.int16(w[64 * h + 32 + t])
+                hb = np.int16(w[128 + 32 * h + t])
                 e = 128 * h + t
                 buf[e] = sc0 * (((l0 & 15) | ((hb & 3) << 4)) - 32)
                 buf[e + 32] = sc1 * (((l1 & 15) | ((hb & 12) << 2)) - 32)
                 buf[e + 64] = sc2 * (((l0 >> 4) | (hb & 48)) - 32)
                 buf[e + 96] = sc3 * (((l1 >> 4) | ((hb >> 2) & 48)) - 32)
-    return _f16(w, r, o + 208, tab), np.float32(0.0)
+    return _f16(w, 208, tab), np.float32(0.0)
 
 
 @njit(inline="always")
-def _q3_scale(w, r, o, s):
-    lo = (np.int32(w[r, o + 96 + s % 8]) >> (4 * (s // 8))) & 15
-    hi = (np.int32(w[r, o + 104 + s % 4]) >> (2 * (s // 4))) & 3
+def _q3_scale(w, s):
+    lo = (np.int32(w[96 + s % 8]) >> (4 * (s // 8))) & 15
+    hi = (np.int32(w[104 + s % 4]) >> (2 * (s // 4))) & 3
     return np.int16((lo | (hi << 4)) - 32)
 
 
 @njit(inline="always")
-def _dec_q3_k(w, r, ib, buf, mins, tab):
-    o = ib * 110
+def _dec_q3_k(w, buf, mins, tab):
+    # one 32-trip loop per 128-half, per-16 scales chosen by select: 16-trip loops stay scalar
     for h in range(2):
-        for half in range(2):
-            s = 8 * h + half
-            sc0 = _q3_scale(w, r, o, s)
-            sc1 = _q3_scale(w, r, o, s + 2)
-            sc2 = _q3_scale(w, r, o, s + 4)
-            sc3 = _q3_scale(w, r, o, s + 6)
-            for u in range(16):
-                m = 16 * half + u
-                q = np.int16(w[r, o + 32 + 32 * h + m])
-                hm = np.int16(w[r, o + m]) >> (4 * h)   # high bit clear = subtract 4
-                e = 128 * h + m
-                buf[e] = sc0 * ((q & 3) - ((~hm & 1) << 2))
-                buf[e + 32] = sc1 * (((q >> 2) & 3) - ((~hm & 2) << 1))
-                buf[e + 64] = sc2 * (((q >> 4) & 3) - (~hm & 4))
-                buf[e + 96] = sc3 * (((q >> 6) & 3) - ((~hm & 8) >> 1))
-    return _f16(w, r, o + 108, tab), np.float32(0.0)
+        a0 = _q3_scale(w, 8 * h)
+        a1 = _q3_scale(w, 8 * h + 2)
+        a2 = _q3_scale(w, 8 * h + 4)
+        a3 = _q3_scale(w, 8 * h + 6)
+        b0 = _q3_scale(w, 8 * h + 1)
+        b1 = _q3_scale(w, 8 * h + 3)
+        b2 = _q3_scale(w, 8 * h + 5)
+        b3 = _q3_scale(w, 8 * h + 7)
+        for m in range(32):
+            lo = m < 16
+            q = np.int16(w[32 + 32 * h + m])
+            hm = np.int16(w[m]) >> (4 * h)   # high bit clear = subtract 4
+            e = 128 * h + m
+            buf[e] = (a0 if lo else b0) * ((q & 3) - ((~hm & 1) << 2))
+            buf[e + 32] = (a1 if lo else b1) * (((q >> 2) & 3) - ((~hm & 2) << 1))
+            buf[e + 64] = (a2 if lo else b2) * (((q >> 4) & 3) - (~hm & 4))
+            buf[e + 96] = (a3 if lo else b3) * (((q >> 6) & 3) - ((~hm & 8) >> 1))
+    return _f16(w, 108, tab), np.float32(0.0)
 
 
 @njit(inline="always")
-def _dec_q2_k(w, r, ib, buf, mins, tab):
-    o = ib * 84
+def _dec_q2_k(w, buf, mins, tab):
+    for s in range(16):
+        mins[s] = np.int16(w[s]) >> 4
     for h in range(2):
-        for half in range(2):
-            s = 8 * h + half
-            b0 = np.int16(w[r, o + s])
-            b1 = np.int16(w[r, o + s + 2])
-            b2 = np.int16(w[r, o + s + 4])
-            b3 = np.int16(w[r, o + s + 6])
-            mins[s] = b0 >> 4
-            mins[s + 2] = b1 >> 4
-            mins[s + 4] = b2 >> 4
-            mins[s + 6] = b3 >> 4
-            sc0 = b0 & 15
-            sc1 = b1 & 15
-            sc2 = b2 & 15
-            sc3 = b3 & 15
-            for u in range(16):
-                m = 16 * half + u
-                q = np.int16(w[r, o + 16 + 32 * h + m])
-                e = 128 * h + m
-                buf[e] = sc0 * (q & 3)
-                buf[e + 32] = sc1 * ((q >> 2) & 3)
-                buf[e + 64] = sc2 * ((q >> 4) & 3)
-                buf[e + 96] = sc3 * (q >> 6)
-    return _f16(w, r, o + 80, tab), _f16(w, r, o + 82, tab)
+        a0 = np.int16(w[8 * h]) & 15
+        a1 = np.int16(w[8 * h + 2]) & 15
+        a2 = np.int16(w[8 * h + 4]) & 15
+        a3 = np.int16(w[8 * h + 6]) & 15
+        b0 = np.int16(w[8 * h + 1]) & 15
+        b1 = np.int16(w[8 * h + 3]) & 15
+        b2 = np.int16(w[8 * h + 5]) & 15
+        b3 = np.int16(w[8 * h + 7]) & 15
+        for m in range(32):
+            lo = m < 16
+            q = np.int16(w[16 + 32 * h + m])
+            e = 128 * h + m
+            buf[e] = (a0 if lo else b0) * (q & 3)
+            buf[e + 32] = (a1 if lo else b1) * ((q >> 2) & 3)
+            buf[e + 64] = (a2 if lo else b2) * ((q >> 4) & 3)
+            buf[e + 96] = (a3 if lo else b3) * (q >> 6)
+    return _f16(w, 80, tab), _f16(w, 82, tab)
 
 
 @njit(inline="always")
-def _dec_iq4_xs(w, r, ib, buf, mins, tab, kv):
-    o = ib * 136
-    sh = np.int32(w[r, o + 2]) | (np.int32(w[r, o + 3]) << 8)
+def _dec_iq4_xs(w, buf, mins, tab, kv):
+    sh = np.int32(w[2]) | (np.int32(w[3]) << 8)
     for j in range(8):
-        ls = ((np.int32(w[r, o + 4 + j // 2]) >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)
+        ls = ((np.int32(w[4 + j // 2]) >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)
         s = np.int16(ls - 32)
         for t in range(16):
-            v = w[r, o + 8 + 16 * j + t]
+            v = w[8 + 16 * j + t]
             buf[32 * j + t] = s * kv[v & 15]
             buf[32 * j + 16 + t] = s * kv[v >> 4]
-    return _f16(w, r, o, tab), np.float32(0.0)
+    return _f16(w, 0, tab), np.float32(0.0)
 
 
 @njit(inline="always")
-def _dec_iq2_xs(w, r, ib, buf, mins, tab, grid, sgn):
+def _dec_iq2_xs(w, buf, mins, tab, grid, sgn):
     # grid (512, 8) uint8 magnitudes; sgn (128, 8) int16 +-1 of the 7-bit parity sign index
-    o = ib * 74
     for j in range(8):
-        sb = np.int16(w[r, o + 66 + j])
+        sb = np.int16(w[66 + j])
         for l in range(4):
             s = 2 * ((sb >> (4 * (l // 2))) & 15) + 1
-            q = np.int32(w[r, o + 2 + 8 * j + 2 * l]) | (np.int32(w[r, o + 3 + 8 * j + 2 * l]) << 8)
+            q = np.int32(w[2 + 8 * j + 2 * l]) | (np.int32(w[3 + 8 * j + 2 * l]) << 8)
             gi = q & 511
             si = q >> 9
             for t in range(8):
                 buf[32 * j + 8 * l + t] = s * np.int16(grid[gi, t]) * sgn[si, t]
-    return _f16(w, r, o, tab) * np.float32(0.125), np.float32(0.0)
+    return _f16(w, 0, tab) * np.float32(0.125), np.float32(0.0)
 
 
 @njit(inline="always")
-def _dec_iq2_s(w, r, ib, buf, mins, tab, grid, sgn):
+def _dec_iq2_s(w, buf, mins, tab, grid, sgn):
     # grid (1024, 8) uint8; sgn (256, 8) int16 +-1 of an explicit sign byte
-    o = ib * 82
     for j in range(8):
-        sb = np.int16(w[r, o + 74 + j])
-        qh = np.int32(w[r, o + 66 + j])
+        sb = np.int16(w[74 + j])
+        qh = np.int32(w[66 + j])
         for l in range(4):
             s = 2 * ((sb >> (4 * (l // 2))) & 15) + 1
-            gi = np.int32(w[r, o + 2 + 4 * j + l]) | (((qh >> (2 * l)) & 3) << 8)
-            si = w[r, o + 34 + 4 * j + l]
+            gi = np.int32(w[2 + 4 * j + l]) | (((qh >> (2 * l)) & 3) << 8)
+            si = w[34 + 4 * j + l]
             for t in range(8):
                 buf[32 * j + 8 * l + t] = s * np.int16(grid[gi, t]) * sgn[si, t]
-    return _f16(w, r, o, tab) * np.float32(0.125), np.float32(0.0)
+    return _f16(w, 0, tab) * np.float32(0.125), np.float32(0.0)
 
 
 @njit(inline="always")
-def _dec_iq3_xxs(w, r, ib, buf, mins, tab, grid, sgn):
+def _dec_iq3_xxs(w, buf, mins, tab, grid, sgn):
     # grid (256, 4) uint8; sgn (128, 8) int16 +-1 of the 7-bit parity sign index
-    o = ib * 98
     for j in range(8):
-        a = (np.int32(w[r, o + 66 + 4 * j]) | (np.int32(w[r, o + 67 + 4 * j]) << 8)
-             | (np.int32(w[r, o + 68 + 4 * j]) << 16) | (np.int32(w[r, o + 69 + 4 * j]) << 24))
+        a = (np.int32(w[66 + 4 * j]) | (np.int32(w[67 + 4 * j]) << 8)
+             | (np.int32(w[68 + 4 * j]) << 16) | (np.int32(w[69 + 4 * j]) << 24))
         s = np.int16(2 * ((a >> 28) & 15) + 1)
         for l in range(4):
             si = (a >> (7 * l)) & 127
-            g1 = w[r, o + 2 + 8 * j + 2 * l]
-            g2 = w[r, o + 3 + 8 * j + 2 * l]
+            g1 = w[2 + 8 * j + 2 * l]
+            g2 = w[3 + 8 * j + 2 * l]
             for t in range(4):
                 buf[32 * j + 8 * l + t] = s * np.int16(grid[g1, t]) * sgn[si, t]
                 buf[32 * j + 8 * l + 4 + t] = s * np.int16(grid[g2, t]) * sgn[si, 4 + t]
-    return _f16(w, r, o, tab) * np.float32(0.25), np.float32(0.0)
+    return _f16(w, 0, tab) * np.float32(0.25), np.float32(0.0)
 
 
 @njit(inline="always")
-def _dec_iq3_s(w, r, ib, buf, mins, tab, grid, sgn):
+def _dec_iq3_s(w, buf, mins, tab, grid, sgn):
     # grid (512, 4) uint8; sgn (256, 8) int16 +-1 of an explicit sign byte
-    o = ib * 110
     for j in range(8):
-        s = np.int16(1 + 2 * ((np.int32(w[r, o + 106 + j // 2]) >> (4 * (j % 2))) & 15))
-        qh = np.int32(w[r, o + 66 + j])
+        s = np.int16(1 + 2 * ((np.int32(w[106 + j // 2]) >> (4 * (j % 2))) & 15))
+        qh = np.int32(w[66 + j])
         for l in range(4):
-            g1 = np.int32(w[r, o + 2 + 8 * j + 2 * l]) | (((qh >> (2 * l)) & 1) << 8)
-            g2 = np.int32(w[r, o + 3 + 8 * j + 2 * l]) | (((qh >> (2 * l + 1)) & 1) << 8)
-            si = w[r, o + 74 + 4 * j + l]
+            g1 = np.int32(w[2 + 8 * j + 2 * l]) | (((qh >> (2 * l)) & 1) << 8)
+            g2 = np.int32(w[3 + 8 * j + 2 * l]) | (((qh >> (2 * l + 1)) & 1) << 8)
+            si = w[74 + 4 * j + l]
             for t in range(4):
                 buf[32 * j + 8 * l + t] = s * np.int16(grid[g1, t]) * sgn[si, t]
                 buf[32 * j + 8 * l + 4 + t] = s * np.int16(grid[g2, t]) * sgn[si, 4 + t]
-    return _f16(w, r, o, tab), np.float32(0.0)
+    return _f16(w, 0, tab), np.float32(0.0)
 
 
 @njit(inline="always")
-def _decode(qt, w, r, ib, buf, mins, tab, kv, grid, sgn):
+def _decode(qt, w, buf, mins, tab, kv, grid, sgn):
     if qt == Q4_K:
-        return _dec_q4_k(w, r, ib, buf, mins, tab)
+        return _dec_q4_k(w, buf, mins, tab)
     if qt == Q5_K:
-        return _dec_q5_k(w, r, ib, buf, mins, tab)
+        return _dec_q5_k(w, buf, mins, tab)
     if qt == Q6_K:
-        return _dec_q6_k(w, r, ib, buf, mins, tab)
+        return _dec_q6_k(w, buf, mins, tab)
     if qt == Q3_K:
-        return _dec_q3_k(w, r, ib, buf, mins, tab)
+        return _dec_q3_k(w, buf, mins, tab)
     if qt == Q2_K:
-        return _dec_q2_k(w, r, ib, buf, mins, tab)
+        return _dec_q2_k(w, buf, mins, tab)
     if qt == IQ4_XS:
-        return _dec_iq4_xs(w, r, ib, buf, mins, tab, kv)
+        return _dec_iq4_xs(w, buf, mins, tab, kv)
     if qt == IQ2_XS:
-        return _dec_iq2_xs(w, r, ib, buf, mins, tab, grid, sgn)
+        return _dec_iq2_xs(w, buf, mins, tab, grid, sgn)
     if qt == IQ2_S:
-        return _dec_iq2_s(w, r, ib, buf, mins, tab, grid, sgn)
+        return _dec_iq2_s(w, buf, mins, tab, grid, sgn)
     if qt == IQ3_XXS:
-        return _dec_iq3_xxs(w, r, ib, buf, mins, tab, grid, sgn)
-    return _dec_iq3_s(w, r, ib, buf, mins, tab, grid, sgn)
+        return _dec_iq3_xxs(w, buf, mins, tab, grid, sgn)
+    return _dec_iq3_s(w, buf, mins, tab, grid, sgn)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -290,6 +279,7 @@ def gemv_int(qt, w, xq, xd, xs, y, tab, kv, grid, sgn, sbuf, smin, sacc):
     B = xq.shape[0]
     nb = xq.shape[1] // 256
     mins_used = qt == Q2_K or qt == Q4_K or qt == Q5_K
+    ts = w.shape[1] // nb
     for r in prange(M):
         tid = numba.get_thread_id()
         buf = sbuf[tid]
@@ -297,9 +287,10 @@ def gemv_int(qt, w, xq, xd, xs, y, tab, kv, grid, sgn, sbuf, smin, sacc):
         acc = sacc[tid]
         for b in range(B):
             acc[b] = 0.0
-        ru = np.uint64(r)
+        wr = w[r]
         for ib in range(nb):
-            f, dmin = _decode(qt, w, ru, ib, buf, mins, tab, kv, grid, sgn)
+            # a view of the block: its indices are then literals + loop counters, provably >= 0
+            f, dmin = _decode(qt, wr[ib * ts:ib * ts + ts], buf, mins, tab, kv, grid, sgn)
             for b in range(B):
                 isum = np.int32(0)
                 for t in range(256):
@@ -318,72 +309,78 @@ def gemv_int(qt, w, xq, xd, xs, y, tab, kv, grid, sgn, sbuf, smin, sacc):
 # ---- 32-element types: fp32 decode of up to 256 elements, fp32 dot ---------------------------
 
 @njit(inline="always")
-def _dec32x8(qt, w, r, blk0, fbuf, dsc, tab, kv):
-    """Decode the 8 32-blocks blk0.. of row r into fbuf[0:256] (block scale folded in). One
+def _dec32x8(qt, w, fbuf, dsc, tab, kv):
+    """Decode the 8 32-blocks at the start of w (bytes) into fbuf[0:256] (block scale folded in). One
     32-trip loop with all 8 blocks in its body: a thin 32-trip loop is fully unrolled by LLVM and
     then left scalar (the SLP vectorizer cannot prove fbuf and w apart)."""
     if qt == Q8_0:
         for i in range(8):
-            dsc[i] = _f16(w, r, (blk0 + i) * 34, tab)
+            dsc[i] = _f16(w, 34 * i, tab)
         for t in range(32):
             for i in range(8):
-                fbuf[32 * i + t] = dsc[i] * np.float32(np.int8(w[r, (blk0 + i) * 34 + 2 + t]))
+                fbuf[32 * i + t] = dsc[i] * np.float32(np.int8(w[34 * i + 2 + t]))
     elif qt == Q4_0:
         for i in range(8):
-            dsc[i] = _f16(w, r, (blk0 + i) * 18, tab)
+            dsc[i] = _f16(w, 18 * i, tab)
         for t in range(16):
             for i in range(8):
-                v = np.int32(w[r, (blk0 + i) * 18 + 2 + t])
+                v = np.int32(w[18 * i + 2 + t])
                 fbuf[32 * i + t] = dsc[i] * np.float32((v & 15) - 8)
                 fbuf[32 * i + 16 + t] = dsc[i] * np.float32((v >> 4) - 8)
     else:  # IQ4_NL
         for i in range(8):
-            dsc[i] = _f16(w, r, (blk0 + i) * 18, tab)
+            dsc[i] = _f16(w, 18 * i, tab)
         for t in range(16):
             for i in range(8):
-                v = w[r, (blk0 + i) * 18 + 2 + t]
+                v = w[18 * i + 2 + t]
                 fbuf[32 * i + t] = dsc[i] * np.float32(kv[v & 15])
                 fbuf[32 * i + 16 + t] = dsc[i] * np.float32(kv[v >> 4])
 
 
 @njit(inline="always")
-def _dec32(qt, w, r, blk, fbuf, tab, kv):
-    """Decode 32-block blk of row r into fbuf[0:32] (the < 8-block tail of a row)."""
-    o = blk * 34 if qt == Q8_0 else blk * 18
-    d = _f16(w, r, o, tab)
-    for t in range(32):
-        if qt == Q8_0:
-            v = np.float32(np.int8(w[r, o + 2 + t]))
-        else:
-            c = (np.int32(w[r, o + 2 + t % 16]) >> (4 * (t // 16))) & 15
-            v = np.float32(c - 8) if qt == Q4_0 else np.float32(kv[c])
-        fbuf[t] = d * v
+def _dec32(qt, w, fbuf, tab, kv):
+    """Decode the one 32-block at the start of w into fbuf[0:32] (the < 8-block tail of a row)."""
+    d = _f16(w, 0, tab)
+    if qt == Q8_0:
+        for t in range(32):
+            fbuf[t] = d * np.float32(np.int8(w[2 + t]))
+    else:
+        for t in range(16):
+            v = np.int32(w[2 + t])
+            if qt == Q4_0:
+                fbuf[t] = d * np.float32((v & 15) - 8)
+                fbuf[16 + t] = d * np.float32((v >> 4) - 8)
+            else:
+                fbuf[t] = d * np.float32(kv[v & 15])
+                fbuf[16 + t] = d * np.float32(kv[v >> 4])
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def gemv_f32(qt, w, x, y, tab, kv, sfbuf, sacc):
-    """y[b, r] = row r of the raw 32-block matrix w times x[b] (fp32). sfbuf (T, 264) fp32."""
+def gemv_f32(qt, w, x, y, tab, kv, sfbuf, sdsc, sacc):
+    """y[b, r] = row r of the raw 32-block matrix w times x[b] (fp32). sfbuf (T, 256) and
+    sdsc (T, 8) fp32 scratch (whole rows by thread id: a sliced row would lose its 'C' layout)."""
     M = w.shape[0]
     B = x.shape[0]
     nblk = x.shape[1] // 32
     nc = nblk // 8
+    ts = w.shape[1] // nblk
     for r in prange(M):
         tid = numba.get_thread_id()
-        fbuf = sfbuf[tid, :256]
-        dsc = sfbuf[tid, 256:]
+        fbuf = sfbuf[tid]
+        dsc = sdsc[tid]
         acc = sacc[tid]
         for b in range(B):
             acc[b] = 0.0
-        ru = np.uint64(r)
+        wr = w[r]
         for c in range(nc):
-            _dec32x8(qt, w, ru, 8 * c, fbuf, dsc, tab, kv)
+            _dec32x8(qt, wr[8 * ts * c:8 * ts * (c + 1)], fbuf, dsc, tab, kv)
             for b in range(B):
                 s = np.float32(0.0)
                 for t in range(256):
                     s += fbuf[t] * x[b, 256 * c + t]
                 acc[b] += s
         for blk in range(8 * nc, nblk):
-            _dec32(qt, w, ru, blk, fbuf, tab, kv)
+            _dec32(qt, wr[ts * blk:ts * (blk + 1)], fbuf, tab, kv)
             for b in range(B):
                 s = np.float32(0.0)
                 for t in range(32):

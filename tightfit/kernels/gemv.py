@@ -1,7 +1,10 @@
 """GEMV dispatcher: y[N, n_out] = x[N, n_in] . W^T with W as raw GGUF blocks on the device.
 
-`gemv(x, w_raw, qtype, n_out, n_in)` quantizes x to int8 per 32 (quantize_act) and runs the
-shared skeleton (gemv_kernel.py) with the format's body. `gemv_quantized` takes activations that
+`gemv(x, w_raw, qtype, n_out, n_in)` routes IQ4_XS, Q4_K, Q5_K, Q6_K, Q3_K and Q8_0 with N <= 16
+to GEMV v2 (gemv2.py: int8 tensor cores on decoded tiles), unless TIGHTFIT_GEMV=v1; `planar=True`
+says the buffer holds gemv2_layout.relayout's layout (v2 only). Everything else quantizes x to
+int8 per 32 (quantize_act) and runs v1, the shared skeleton (gemv_kernel.py) with the format's
+body. If v2 fails to compile for a type on the GPU, that type falls back to v1 with a warning. `gemv_quantized` takes activations that
 were quantized once and feed several matrices (q/k/v, gate/up). The reference is `gemv_ref`:
 tightfit.quant's NumPy dequantization and a float64 matmul.
 """
@@ -17,6 +20,8 @@ import triton
 from tightfit.kernels.gemv_kernel import gemv_q_kernel, MACRO_BYTES, ACT_LAYOUT
 from tightfit.kernels.gemv_float import gemv_float_kernel
 from tightfit.kernels.quantize_act import quantize_act, QuantAct
+from tightfit.kernels.gemv2 import gemv2
+from tightfit.kernels.gemv2_layout import V2_TYPES
 
 FLOAT_TYPES = {0: 0, 1: 1, 30: 2}          # F32, F16, BF16 -> kernel WDT
 QUANT_TYPES = frozenset(MACRO_BYTES)
@@ -100,14 +105,48 @@ def gemv_quantized(act: QuantAct, w_raw: torch.Tensor, qtype, n_out: int,
     return out
 
 
+_V2_BROKEN: set[int] = set()
+
+
+def gemv_version() -> str:
+    """'v2' (default) or 'v1', from TIGHTFIT_GEMV."""
+    v = os.environ.get("TIGHTFIT_GEMV", "v2").strip().lower()
+    if v not in ("v1", "v2"):
+        raise ValueError(f"TIGHTFIT_GEMV={v!r}: expected v1 or v2")
+    return v
+
+
+def uses_v2(qtype, n: int = 1) -> bool:
+    """Whether `gemv` runs v2 for this type and column count (raw layout)."""
+    t = type_id(qtype)
+    return t in V2_TYPES and n <= 16 and gemv_version() == "v2" and t not in _V2_BROKEN
+
+
 def gemv(x: torch.Tensor, w_raw: torch.Tensor, qtype, n_out: int, n_in: int,
-         out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
-    """y[N, n_out] float32 = x[N, n_in] . W^T, W given as n_out rows of raw GGUF blocks (uint8)."""
+         out: torch.Tensor | None = None, config: dict | None = None,
+         planar: bool = False) -> torch.Tensor:
+    """y[N, n_out] float32 = x[N, n_in] . W^T, W given as n_out rows of GGUF blocks (uint8):
+    raw GGUF, or the v2 planar layout when `planar` (gemv2_layout.relayout)."""
     t = type_id(qtype)
     if x.dim() == 1:
         x = x[None, :]
     if x.shape[1] != n_in:
         raise ValueError(f"gemv: x has {x.shape[1]} columns, expected {n_in}")
+    if planar and (t not in V2_TYPES or x.shape[0] > 16):
+        raise ValueError("gemv: planar layout needs a v2 type and N <= 16")
+    if planar or uses_v2(t, x.shape[0]):
+        try:
+            return gemv2(x, w_raw, t, n_out, n_in, out=out, planar=planar, config=config)
+        except ValueError:
+            raise
+        except Exception as e:          # compile failure on this GPU/toolchain: fall back
+            if planar or _interpret() or w_raw.device.type != "cuda":
+                raise
+            import warnings
+            warnings.warn(f"gemv v2 failed for {type_name(t)} ({type(e).__name__}: "
+                          f"{str(e)[:200]}); using v1 for this type")
+            _V2_BROKEN.add(t)
+            config = None
     if t in FLOAT_TYPES:
         n = x.shape[0]
         if out is None:

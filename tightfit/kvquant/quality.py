@@ -81,8 +81,9 @@ class SyntheticKV:
         qm = self.q.view(Hkv, grp, D).mean(1)                               # group mean query
         self.needle = qm / qm.norm(dim=-1, keepdim=True)
 
-    def chunk(self, c: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V rows [n, Hkv, D] (float32) of chunk c (positions c*n ..)."""
+    def chunk(self, c: int, n: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V rows [n, Hkv, D] (float32) of chunk c (positions c*n ..). Measurements always use
+        n = GEN_CHUNK so the data at a position does not depend on how it is processed."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + c)
         Hkv, D = self.n_head_kv, self.head_dim
         k = torch.randn(n, Hkv, D, generator=g) * self.k_scale + self.k_off
@@ -102,7 +103,10 @@ def _fp16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float16).to(x.dtype)
 
 
-def attention_error(data: SyntheticKV, T: int, kv_types, chunk: int = 4096,
+GEN_CHUNK = 4096
+
+
+def attention_error(data: SyntheticKV, T: int, kv_types,
                     seed: int = DEFAULT_SEED) -> dict[str, float]:
     """{kv_type: |o_q - o_f16|_F / |o_f16|_F} of one decode step at T cached positions (all query
     heads, no gate), float64 online softmax over chunks; also 'f16_vs_f32' as the floor."""
@@ -113,6 +117,7 @@ def attention_error(data: SyntheticKV, T: int, kv_types, chunk: int = 4096,
     state = {n: [torch.full((Hkv, grp), -math.inf, dtype=torch.float64),
                  torch.zeros(Hkv, grp, dtype=torch.float64),
                  torch.zeros(Hkv, grp, D, dtype=torch.float64)] for n in names}
+    chunk = GEN_CHUNK
     for c in range(-(-T // chunk)):
         n = min(chunk, T - c * chunk)
         k, v = data.chunk(c, chunk)
@@ -200,7 +205,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     types = [t for t in a.formats.split(",") if t]
     data = SyntheticKV()
-    k, v = data.chunk(0, 4096)
+    k, v = data.chunk(0, GEN_CHUNK)
     print("| kv type | K bpv | V bpv | D_mse K | D_mse V | paper bounds (K bits) | ip bias | "
           "ip slope | ip rel rmse |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -68,13 +68,13 @@ def _encode_blocks(yb: torch.Tensor, g: torch.Tensor, cb: torch.Tensor, G: int,
     (best scale for those codes) has the smallest error. Lowers D_mse ~14% (3 bits) to ~27%
     (4 bits) on Gaussian rows; costs `search` bucketize passes."""
     mids = (cb[1:] + cb[:-1]) * 0.5
-    unit = g.clamp_min(_TINY) / math.sqrt(G)
+    u = yb / (g.clamp_min(_TINY) / math.sqrt(G))
     if search <= 1:
-        return torch.bucketize(yb / unit, mids, out_int32=True)
+        return torch.bucketize(u, mids)
     best_idx, best_err = None, None
     for f in torch.linspace(1 - GAIN_SPAN, 1 + GAIN_SPAN, search).tolist():
-        idx = torch.bucketize(yb / (unit * f), mids, out_int32=True)
-        c = cb[idx]
+        idx = torch.bucketize(u * (1.0 / f), mids)
+        c = torch.take(cb, idx)
         # |y - s c|² at the best s = <y,c>/|c|² equals |y|² - <y,c>²/|c|²: maximize <y,c>²/|c|²
         score = (yb * c).sum(-1).pow(2) / c.pow(2).sum(-1).clamp_min(_TINY)
         if best_idx is None:
@@ -105,7 +105,7 @@ def quantize(x: torch.Tensor, fmt: KVQuantFormat | str, seed: int = DEFAULT_SEED
         g = yb.norm(dim=-1, keepdim=True)
         cb = fmt.codebook().to(xf.device)
         idx = _encode_blocks(yb, g, cb, G, search)
-        c = cb[idx]
+        c = torch.take(cb, idx)
         if scale_rule == "norm":
             s = g / c.norm(dim=-1, keepdim=True)
         elif scale_rule == "lsq":

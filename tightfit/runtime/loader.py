@@ -7,7 +7,11 @@ from typing import Any
 from tightfit.errors import UserError
 
 
-def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, **kw: Any):
+KV_DTYPES = {"f16": "float16", "f32": "float32"}
+
+
+def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, kv_type: str = "f16",
+                **kw: Any):
     from tightfit.api import open_model
     from tightfit.runtime.engine import Engine
     from tightfit.tokenizer import from_gguf
@@ -15,7 +19,10 @@ def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, **kw: 
     mf = open_model(path)
     if device == "cpu":
         from tightfit.model.reference import ReferenceModel
-        model = ReferenceModel.from_model_file(mf)
+        import torch
+        if kv_type not in KV_DTYPES:
+            raise UserError(f"--kv-type {kv_type}: the CPU path supports {', '.join(KV_DTYPES)}")
+        model = ReferenceModel.from_model_file(mf, kv_dtype=getattr(torch, KV_DTYPES[kv_type]))
     elif device.startswith("cuda"):
         try:
             from tightfit.model.executor import GPUModel  # the graph-captured GPU executor

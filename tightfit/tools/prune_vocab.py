@@ -230,8 +230,8 @@ def plan_prune(tokens: Sequence[str], types: Sequence[int], merges: Sequence[str
             leaf_ids.append(i)
             for k in made_by.pop(i, []):
                 alive[k] = False
-                for part in {int(trip[k, 0]), int(trip[k, 1])} if trip[k, 0] != trip[k, 1] else {int(trip[k, 0])}:
-                    uses[part] -= int((trip[k, 0] == part)) + int((trip[k, 1] == part))
+                for part in (int(trip[k, 0]), int(trip[k, 1])):     # "a a" counts twice, as above
+                    uses[part] -= 1
                     if uses[part] == 0 and candidate(part):
                         heapq.heappush(heap, -part)
     return PrunePlan(keep_ids=np.nonzero(keep)[0], keep_merges=[int(k) for k in np.nonzero(alive)[0]],

@@ -126,6 +126,8 @@ class SpeculativeEngine:
         if "suffix" in s.drafters:
             out["suffix"] = SuffixDrafter(s.suffix_cache, s.suffix_depth, s.max_draft,
                                           s.max_spec_factor, s.max_spec_offset, s.min_token_prob)
+        if "synthetic" in s.drafters:        # benchmarks: always drafts max_draft tokens
+            out["synthetic"] = SyntheticDrafter(s.max_draft)
         if "mtp" in s.drafters and self.mtp_head is not None:
             from tightfit.runtime.spec.mtp import MTPDrafter
             rng = np.random.default_rng(int(sampler.rng.integers(1 << 62)))
@@ -328,6 +330,27 @@ class SpeculativeEngine:
             self.policy.record_accept(name, dr.match_len, len(dr.tokens), m, censored=censored,
                                       verified=False)
         self._cheap = {}
+
+
+class SyntheticDrafter:
+    """Drafts k copies of the last token (for forced-acceptance benchmarks; llama.cpp's
+    --spec-synth-len): the cost of drafting is nil and the length is fixed."""
+    name = "synthetic"
+
+    def __init__(self, k: int):
+        self.k = int(k)
+        self.last = 0
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.last = int(prompt[-1]) if len(prompt) else 0
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        if len(tokens):
+            self.last = int(tokens[-1])
+
+    def propose(self, max_k: int | None = None) -> Draft | None:
+        k = self.k if max_k is None else min(self.k, max_k)
+        return Draft([self.last] * k, self.name, match_len=k) if k > 0 else None
 
 
 def speculative_generate(engine, prompt, config: SpecConfig | None = None, **gen) -> Iterator[Event]:

@@ -125,8 +125,7 @@ class Policy:
         # exploration: a drafter not verified for a while gets a short round
         for name, (k_max, _) in candidates.items():
             st = self._st(name)
-            if name != best_name and k_max and self.round - st.last_round > self.explore_every \
-                    and st.rounds >= 0:
+            if name != best_name and k_max and self.round - st.last_round > self.explore_every:
                 return name, min(k_max, max(1, best_k or 1))
         return best_name, best_k
 

@@ -28,7 +28,7 @@ Verifiers (`begin(tokens, state) -> Round`; `Round.row(i)`, `Round.hidden`, `Rou
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -160,7 +160,6 @@ class NativeVerifier:
         """Run the block at state.pos without committing. want: 'all' (logits every row), 'last'.
         Returns (logits np [r, V], hidden torch [n, E] normed, recurrent captures)."""
         m, c = self.model, self.config
-        from tightfit.model.reference import ReferenceModel  # noqa: F401  (API owner)
         if state.config != c or state.dtype != m.dtype:
             from tightfit.runtime.state import StateError
             raise StateError("state was created for a different model or dtype")
