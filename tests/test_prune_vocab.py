@@ -178,19 +178,21 @@ def test_bytes_saved_on_27b_seedmix(real_plans):
 
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
+    """The unpruned tiny model, its script-pruned copy and a copy also without 300 Latin leaves."""
     from tightfit.model.generate import make_model
     d = tmp_path_factory.mktemp("pv")
     src = d / "tiny.gguf"
     make_model(src, preset="tiny", qtype="Q8_0", vocab="small:2048", seed=3)
-    dst = d / "tiny-pruned.gguf"
+    scr, dst = d / "tiny-script.gguf", d / "tiny-pruned.gguf"
+    assert cli_main(["prune-vocab", str(src), str(scr), "--keep-scripts", "Han,Latin,Common"]) == 0
     assert cli_main(["prune-vocab", str(src), str(dst), "--keep-scripts", "Han,Latin,Common",
                      "--drop-rare-latin", "300"]) == 0
-    return src, dst
+    return src, scr, dst
 
 
 def test_tiny_model_file_rows_and_metadata(tiny_models):
     from gguf import GGUFReader
-    src, dst = tiny_models
+    src, _, dst = tiny_models
     r0, r1 = GGUFReader(str(src)), GGUFReader(str(dst))
     f0 = {f.name: f for f in r0.fields.values()}
     ids = np.asarray(r1.fields[KEY_IDS].contents())
@@ -210,28 +212,44 @@ def test_tiny_model_file_rows_and_metadata(tiny_models):
     assert ids[md1["tokenizer.ggml.eos_token_id"]] == eos0
 
 
+PROMPTS = ["The answer is", "def add(a, b):\n    return", "我们", "1, 2, 3, 4,"]
+
+
 def test_tiny_model_generation_equal(tiny_models):
+    """Script pruning: greedy generation equals the unpruned model's, piece for piece."""
     from tightfit.runtime.loader import load_engine
-    src, dst = tiny_models
-    e0, e1 = load_engine(str(src)), load_engine(str(dst))
-    ids = np.asarray(G.read_gguf(dst).get(KEY_IDS))
-    prompts = ["The answer is", "def add(a, b):\n    return", "我们", "1, 2, 3, 4,"]
-    for p in prompts:
+    src, scr, _ = tiny_models
+    e0, e1 = load_engine(str(src)), load_engine(str(scr))
+    ids = np.asarray(G.read_gguf(scr).get(KEY_IDS))
+    assert len(ids) < 2048
+    for p in PROMPTS:
         p0, p1 = e0.encode_prompt(p), e1.encode_prompt(p)
         assert [int(ids[i]) for i in p1] == p0
-        l0, l1 = e0.logits(p0)[:, ids], e1.logits(p1)
-        np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(e1.logits(p1), e0.logits(p0)[:, ids], rtol=1e-5, atol=1e-5)
         g0 = list(e0.generate(p, max_tokens=12))[-1].tokens
         g1 = list(e1.generate(p, max_tokens=12))[-1].tokens
-        if all(t in set(ids.tolist()) for t in g0):     # the unpruned model stayed in the kept set
-            assert [e1.tokenizer.token_to_piece(t) for t in g1] == [e0.tokenizer.token_to_piece(t) for t in g0]
-            assert [int(ids[t]) for t in g1] == g0
-        else:                                           # it is then greedy over the kept subset
-            assert e1.tokenizer.token_to_piece(g1[0]) == e0.tokenizer.token_to_piece(int(ids[int(np.argmax(l0[-1]))]))
+        assert [e1.tokenizer.token_to_piece(t) for t in g1] == [e0.tokenizer.token_to_piece(t) for t in g0]
+        assert [int(ids[t]) for t in g1] == g0
+
+
+def test_tiny_model_generation_after_leaf_pruning(tiny_models):
+    """With 300 Latin leaves gone the pruned model is greedy over the kept tokens: every token it
+    picks is the unpruned model's argmax over the kept ids, on the same (mapped) history."""
+    from tightfit.runtime.loader import load_engine
+    src, _, dst = tiny_models
+    e0, e1 = load_engine(str(src)), load_engine(str(dst))
+    ids = np.asarray(G.read_gguf(dst).get(KEY_IDS))
+    for p in PROMPTS:
+        p1 = e1.encode_prompt(p)
+        g1 = list(e1.generate(p, max_tokens=12))[-1].tokens
+        seq0 = [int(ids[t]) for t in p1 + g1]
+        assert seq0[:len(p1)] == e0.encode_prompt(p)
+        l0 = e0.logits(seq0)[len(p1) - 1:-1, :][:, ids]      # positions that predicted g1
+        assert [int(np.argmax(row)) for row in l0] == g1
 
 
 def test_cli_errors(tiny_models, tmp_path, capsys):
-    src, dst = tiny_models
+    src, _, dst = tiny_models
     assert cli_main(["prune-vocab", str(src), str(tmp_path / "x.gguf"), "--keep-scripts", "Klingon"]) == 1
     err = capsys.readouterr().err
     assert "unknown Unicode script" in err and err.count("\n") == 1

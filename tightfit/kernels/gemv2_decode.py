@@ -220,8 +220,10 @@ def dec_q8_0(w, blk, m, P0, P1, PLANAR: tl.constexpr):
         A = tl.load((w + P0.to(tl.int64) * 4).to(tl.pointer_type(tl.int8)) + blk * 256 + e,
                     mask=m, other=0)
         d = ldf16(w + P1.to(tl.int64) * 4 + (blk * 8 + j) * 2, m)
-    else:
-        A = tl.load((w + 2).to(tl.pointer_type(tl.int8)) + (blk * 8 + e // 32) * 34 + e % 32,
-                    mask=m, other=0)
+    else:   # 34-byte blocks: qs only 2-aligned, read as 16-bit halves of words
+        j3 = tl.arange(0, 8)[None, :, None]
+        w3 = tl.arange(0, 8)[None, None, :]
+        q = ldw(w + 2 + (blk[:, :, None] * 8 + j3) * 34, w3, m[:, :, None], False)
+        A = to_bytes(tl.reshape(q, (blk.shape[0], 64)))
         d = ldf16(w + (blk * 8 + j) * 34, m)
     return A, d

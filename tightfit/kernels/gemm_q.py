@@ -1,0 +1,247 @@
+"""Quantized GEMM for blocks of tokens (prefill, speculative verify): y[M, n_out] = x[M, n_in] . W^T
+with W as raw GGUF blocks on the device, multiplied on bf16 tensor cores. No full-precision copy
+of any matrix is made.
+
+Two GPU paths (`gemm_q(..., mode=)`):
+
+* `fused` (default for M <= FUSED_MAX_M and the formats with a Triton decoder: IQ4_XS, Q4_K,
+  Q5_K, Q6_K, Q3_K, Q8_0): one program per (BN rows of W, BM tokens); per 256-element K step it
+  decodes the [BN, 256] weight tile straight from the GGUF blocks with GEMV v2's decoders
+  (tightfit.kernels.gemv2_decode: int8 codes + per-16/32 scales, Q4_K/Q5_K mins), scales it to
+  bf16 in registers and accumulates tl.dot(x_tile, w_tile^T) in fp32. IQ4_XS codes come out in
+  the lookup order of each 32 (gemv2_act.perm_table(1)); the x tile is gathered in that order.
+* `dequant` (larger M, and every other format): the rows of W are decoded chunk by chunk into a
+  bf16 scratch [chunk_rows, n_in] (a Triton decode kernel for the formats above; torch ops of
+  gemm_q_torch for Q2_K, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, ...), then torch.mm (cuBLAS)
+  with fp32 output. The decode reads the weights once per chunk call; at M >= 256 the matmul
+  dominates.
+
+Scratch (the planner's prefill scratch line): `scratch_bytes` (default DEFAULT_SCRATCH = 64 MiB)
+of bf16 per call for the dequant path; chunk_rows = scratch_bytes / (2 n_in). The torch decoders
+need ~6x their chunk in fp32 temporaries, so their chunks are 1/12 as many rows (same peak).
+The fused path needs no scratch.
+
+CPU (tests, ReferenceModel-parity runs): `torch` mode decodes row chunks to fp32 with
+gemm_q_torch and multiplies in fp32. `gemm_q_ref` is the slow reference: tightfit.quant's NumPy
+dequantization and a float64 matmul. Under TRITON_INTERPRET=1 the Triton kernels run on the CPU
+(prmt emulated), which is how tests/test_kernels_gemm_q.py checks them.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from tightfit.kernels.gemv2_act import _perm
+from tightfit.kernels.gemv2_decode import dec_iq4xs, dec_q45k, dec_q6k, dec_q3k, dec_q8_0
+from tightfit.kernels.gemv2_layout import FORMATS
+from tightfit.kernels.gemm_q_torch import FLOAT_VIEWS, dequant_rows, decode_temp_factor
+
+FUSED_TYPES = frozenset(FORMATS)          # 23 IQ4_XS, 12 Q4_K, 13 Q5_K, 14 Q6_K, 11 Q3_K, 8 Q8_0
+FUSED_MAX_M = int(os.environ.get("TIGHTFIT_GEMM_FUSED_MAX_M", "64"))
+DEFAULT_SCRATCH = 64 << 20
+_ROW_BYTES = {t: f[1] * (256 // f[2]) for t, f in FORMATS.items()}   # bytes per 256 elements
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _decode_tile(w_ptr, blk, m, FMT: tl.constexpr, EMU: tl.constexpr):
+    """[R, 256] fp32 weights of blocks `blk` ([R, 1] int64), in the decoder's element order."""
+    R: tl.constexpr = blk.shape[0]
+    S: tl.constexpr = 16 if (FMT == 14 or FMT == 11) else 32
+    NG: tl.constexpr = 256 // S
+    MINS: tl.constexpr = FMT == 12 or FMT == 13
+    if FMT == 23:
+        A, ws = dec_iq4xs(w_ptr, blk, m, 0, 0, 0, False, EMU)
+    elif FMT == 12:
+        A, ws, mins = dec_q45k(w_ptr, blk, m, 0, 0, 0, 0, False, False)
+    elif FMT == 13:
+        A, ws, mins = dec_q45k(w_ptr, blk, m, 0, 0, 0, 0, True, False)
+    elif FMT == 14:
+        A, ws = dec_q6k(w_ptr, blk, m, 0, 0, 0, 0, False)
+    elif FMT == 11:
+        A, ws = dec_q3k(w_ptr, blk, m, 0, 0, 0, 0, False)
+    else:
+        A, ws = dec_q8_0(w_ptr, blk, m, 0, 0, False)
+    W = tl.reshape(A.to(tl.float32), (R, NG, S)) * ws[:, :, None]
+    if MINS:
+        W = W - mins[:, :, None]
+    return tl.reshape(W, (R, 256))
+
+
+@triton.jit
+def _cols(FMT: tl.constexpr):
+    """Element (column inside the 256-block) held at each decoded position."""
+    e = tl.arange(0, 256)
+    if FMT == 23:
+        return (e // 32) * 32 + _perm(e % 32, 1)
+    else:
+        return e
+
+
+@triton.jit
+def _gemm_fused_kernel(x_ptr, w_ptr, out_ptr, M, N, NB, sxm, som,
+                       FMT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       EMU: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rows = pid_n * BN + tl.arange(0, BN)
+    rmask = (rows < N)[:, None]
+    toks = pid_m * BM + tl.arange(0, BM)
+    tmask = (toks < M)[:, None]
+    col = _cols(FMT)[None, :]
+    xrow = x_ptr + toks.to(tl.int64)[:, None] * sxm
+    acc = tl.zeros([BM, BN], tl.float32)
+    for kb in range(NB):
+        blk = (rows.to(tl.int64) * NB + kb)[:, None]
+        W = _decode_tile(w_ptr, blk, rmask, FMT, EMU).to(tl.bfloat16)     # [BN, 256]
+        X = tl.load(xrow + kb * 256 + col, mask=tmask, other=0.0)        # [BM, 256] bf16
+        if EMU:   # the interpreter's bf16 dot is wrong: same bf16 values, exact fp32 products
+            acc = tl.dot(X.to(tl.float32), tl.trans(W.to(tl.float32)), acc)
+        else:
+            acc = tl.dot(X, tl.trans(W), acc)
+    omask = tmask & (rows < N)[None, :]
+    tl.store(out_ptr + toks.to(tl.int64)[:, None] * som + rows[None, :], acc, mask=omask)
+
+
+@triton.jit
+def _dequant_kernel(w_ptr, out_ptr, row0, n_rows, NB, so,
+                    FMT: tl.constexpr, R: tl.constexpr, EMU: tl.constexpr):
+    pid = tl.program_id(0)
+    kb = tl.program_id(1)
+    rows = pid * R + tl.arange(0, R)
+    rmask = (rows < n_rows)[:, None]
+    blk = ((row0 + rows).to(tl.int64) * NB + kb)[:, None]
+    W = _decode_tile(w_ptr, blk, rmask, FMT, EMU)
+    col = _cols(FMT)[None, :]
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * so + kb * 256 + col,
+             W.to(out_ptr.dtype.element_ty), mask=rmask)
+
+
+# ---- host side ------------------------------------------------------------------------------------
+def _row_bytes(qtype: int, n_in: int) -> int:
+    from tightfit.quant.traits import row_bytes
+    return row_bytes(int(qtype), n_in)
+
+
+def dequant_chunk(w_raw: torch.Tensor, qtype: int, n_in: int, r0: int, r1: int,
+                  out: torch.Tensor | None = None, use_triton: bool | None = None) -> torch.Tensor:
+    """Rows r0..r1-1 of W decoded into `out` [r1-r0, n_in] (bf16 scratch or any float dtype)."""
+    t = int(qtype)
+    n = r1 - r0
+    if out is None:
+        out = torch.empty((n, n_in), dtype=torch.bfloat16, device=w_raw.device)
+    if use_triton is None:
+        use_triton = w_raw.device.type == "cuda" or _interpret()
+    if use_triton and t in FUSED_TYPES and n_in % 256 == 0:
+        nb = n_in // 256
+        R = 32
+        _dequant_kernel[(triton.cdiv(n, R), nb)](w_raw, out, r0, n, nb, out.stride(0), FMT=t, R=R,
+                                                 EMU=_interpret() or w_raw.device.type != "cuda",
+                                                 num_warps=4)
+        return out
+    rb = _row_bytes(t, n_in)
+    raw = w_raw.view(-1)[r0 * rb:r1 * rb].view(n, rb)
+    out.copy_(dequant_rows(raw, t, n_in))
+    return out
+
+
+def chunk_rows(qtype: int, n_in: int, scratch_bytes: int = DEFAULT_SCRATCH,
+               triton_decode: bool = True) -> int:
+    rows = max(1, scratch_bytes // (2 * n_in))
+    if not (triton_decode and int(qtype) in FUSED_TYPES):
+        rows = max(1, rows // (2 * decode_temp_factor(qtype)))
+    return rows
+
+
+def _mm_f32(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
+    """a [M, K] . b_t^T with b_t [N, K], fp32 result (bf16 inputs on CUDA: cuBLAS fp32 output)."""
+    if a.device.type == "cuda" and a.dtype == torch.bfloat16:
+        try:
+            return torch.mm(a, b_t.t(), out_dtype=torch.float32)
+        except (TypeError, RuntimeError):
+            return torch.mm(a, b_t.t()).float()
+    return torch.mm(a.float(), b_t.float().t())
+
+
+def pick_mode(qtype: int, m: int, n_in: int, device: torch.device) -> str:
+    t = int(qtype)
+    if t in FLOAT_VIEWS:
+        return "float"
+    if device.type != "cuda" and not _interpret():
+        return "torch"
+    if device.type != "cuda":
+        return "torch"       # interpreter: the kernels are tested on their own (slow on CPU)
+    if t in FUSED_TYPES and n_in % 256 == 0 and m <= FUSED_MAX_M:
+        return "fused"
+    return "dequant"
+
+
+def gemm_q(x: torch.Tensor, w_raw: torch.Tensor, qtype, n_out: int, n_in: int,
+           out: torch.Tensor | None = None, mode: str = "auto",
+           scratch_bytes: int = DEFAULT_SCRATCH, config: dict | None = None) -> torch.Tensor:
+    """y [M, n_out] fp32 = x [M, n_in] . W^T, W = n_out rows of raw GGUF blocks (uint8)."""
+    t = int(qtype)
+    if x.dim() == 1:
+        x = x[None, :]
+    M = x.shape[0]
+    if x.shape[1] != n_in:
+        raise ValueError(f"gemm_q: x has {x.shape[1]} columns, expected {n_in}")
+    if out is None:
+        out = torch.empty((M, n_out), dtype=torch.float32, device=w_raw.device)
+    if mode == "auto":
+        mode = pick_mode(t, M, n_in, w_raw.device)
+    if mode == "float":
+        w = w_raw.view(FLOAT_VIEWS[t]).view(n_out, n_in)
+        if w_raw.device.type == "cuda" and t != 0:
+            out.copy_(_mm_f32(x.to(w.dtype), w))
+        else:
+            out.copy_(torch.mm(x.float(), w.float().t()))
+        return out
+    if mode == "fused":
+        if t not in FUSED_TYPES or n_in % 256:
+            raise ValueError(f"gemm_q: no fused kernel for type {t} with n_in={n_in}")
+        cfg = {"BM": 64 if M > 32 else (32 if M > 16 else 16), "BN": 64, "num_warps": 4}
+        cfg.update(config or {})
+        xb = x.to(torch.bfloat16).contiguous()
+        nb = n_in // 256
+        if w_raw.numel() != n_out * nb * _ROW_BYTES[t]:
+            raise ValueError(f"gemm_q: w_raw has {w_raw.numel()} bytes, expected "
+                             f"{n_out * nb * _ROW_BYTES[t]}")
+        grid = (triton.cdiv(n_out, cfg["BN"]), triton.cdiv(M, cfg["BM"]))
+        _gemm_fused_kernel[grid](xb, w_raw, out, M, n_out, nb, xb.stride(0), out.stride(0),
+                                 FMT=t, BM=cfg["BM"], BN=cfg["BN"],
+                                 EMU=_interpret() or w_raw.device.type != "cuda",
+                                 num_warps=cfg["num_warps"])
+        return out
+    if mode not in ("dequant", "torch"):
+        raise ValueError(f"gemm_q: unknown mode {mode!r}")
+    on_gpu_path = mode == "dequant"
+    tri = on_gpu_path and (w_raw.device.type == "cuda" or _interpret())
+    rows = chunk_rows(t, n_in, scratch_bytes, triton_decode=tri)
+    sdt = torch.bfloat16 if on_gpu_path else torch.float32
+    xin = x.to(sdt).contiguous() if on_gpu_path else x.float()
+    scratch = torch.empty((min(rows, n_out), n_in), dtype=sdt, device=w_raw.device)
+    for r0 in range(0, n_out, rows):
+        r1 = min(n_out, r0 + rows)
+        wc = dequant_chunk(w_raw, t, n_in, r0, r1, out=scratch[:r1 - r0], use_triton=tri)
+        out[:, r0:r1] = _mm_f32(xin, wc)
+    return out
+
+
+def gemm_q_ref(x, w_raw, qtype, n_out: int, n_in: int) -> np.ndarray:
+    """Slow reference: NumPy dequantization (tightfit.quant) and a float64 matmul."""
+    from tightfit.quant.dequant import dequantize
+    w = dequantize(np.asarray(w_raw, np.uint8).reshape(-1), int(qtype), (n_out, n_in))
+    return np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+
+
+def scratch_line(scratch_bytes: int = DEFAULT_SCRATCH) -> dict[str, int]:
+    """Device bytes the batched GEMM needs besides its inputs/outputs (planner prefill line)."""
+    return {"gemm_dequant_scratch": int(scratch_bytes)}
