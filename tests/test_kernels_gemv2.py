@@ -81,8 +81,14 @@ def test_gemv2_edges(t):
 
 
 def test_gemv2_dispatch(monkeypatch):
+    monkeypatch.setenv("TIGHTFIT_GEMV", "v2")
     check(14, 4, 16, 256, seed=3, planar=False, via_dispatch=True)
-    assert disp.uses_v2("Q6_K", 4) and not disp.uses_v2("Q6_K", 17) and not disp.uses_v2(10)
+    monkeypatch.setenv("TIGHTFIT_GEMV", "auto")
+    # the measured rule (bench/RESULTS.md): auto = v2 for IQ4_XS/Q4_K/Q5_K at N >= 3 on raw blocks
+    assert disp.uses_v2("Q4_K", 4) and not disp.uses_v2("Q4_K", 1) and not disp.uses_v2("Q6_K", 8)
+    assert not disp.uses_v2("Q6_K", 17) and not disp.uses_v2(10)
+    monkeypatch.setenv("TIGHTFIT_GEMV", "v2")
+    assert disp.uses_v2("Q6_K", 4) and disp.uses_v2("Q6_K", 1)
     monkeypatch.setenv("TIGHTFIT_GEMV", "v1")
     assert not disp.uses_v2("Q6_K")
     with pytest.raises(ValueError):    # Q2_K has no v2 kernel, so no planar layout

@@ -76,6 +76,18 @@ def _decode_tile(w_ptr, blk, m, FMT: tl.constexpr, EMU: tl.constexpr):
 
 
 @triton.jit
+def _bf16(x, EMU: tl.constexpr):
+    """fp32 -> bf16, round to nearest even. The interpreter's cast truncates, so under EMU the
+    rounding is done on the bits first (the cast of the rounded value is then exact)."""
+    if EMU:
+        b = x.to(tl.int32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & -65536
+        return b.to(tl.float32, bitcast=True).to(tl.bfloat16)
+    else:
+        return x.to(tl.bfloat16)
+
+
+@triton.jit
 def _cols(FMT: tl.constexpr):
     """Element (column inside the 256-block) held at each decoded position."""
     e = tl.arange(0, 256)
@@ -100,7 +112,7 @@ def _gemm_fused_kernel(x_ptr, w_ptr, out_ptr, M, N, NB, sxm, som,
     acc = tl.zeros([BM, BN], tl.float32)
     for kb in range(NB):
         blk = (rows.to(tl.int64) * NB + kb)[:, None]
-        W = _decode_tile(w_ptr, blk, rmask, FMT, EMU).to(tl.bfloat16)     # [BN, 256]
+        W = _bf16(_decode_tile(w_ptr, blk, rmask, FMT, EMU), EMU)        # [BN, 256]
         X = tl.load(xrow + kb * 256 + col, mask=tmask, other=0.0)        # [BM, 256] bf16
         if EMU:   # the interpreter's bf16 dot is wrong: same bf16 values, exact fp32 products
             acc = tl.dot(X.to(tl.float32), tl.trans(W.to(tl.float32)), acc)
@@ -120,6 +132,8 @@ def _dequant_kernel(w_ptr, out_ptr, row0, n_rows, NB, so,
     blk = ((row0 + rows).to(tl.int64) * NB + kb)[:, None]
     W = _decode_tile(w_ptr, blk, rmask, FMT, EMU)
     col = _cols(FMT)[None, :]
+    if out_ptr.dtype.element_ty == tl.bfloat16:
+        W = _bf16(W, EMU)
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * so + kb * 256 + col,
              W.to(out_ptr.dtype.element_ty), mask=rmask)
 
@@ -207,7 +221,7 @@ def gemm_q(x: torch.Tensor, w_raw: torch.Tensor, qtype, n_out: int, n_in: int,
     if mode == "fused":
         if t not in FUSED_TYPES or n_in % 256:
             raise ValueError(f"gemm_q: no fused kernel for type {t} with n_in={n_in}")
-        cfg = {"BM": 64 if M > 32 else (32 if M > 16 else 16), "BN": 64, "num_warps": 4}
+        cfg = {"BM": 64 if M > 32 else (32 if M > 16 else 16), "BN": 64, "num_warps": 8}
         cfg.update(config or {})
         xb = x.to(torch.bfloat16).contiguous()
         nb = n_in // 256

@@ -1,7 +1,8 @@
 """GEMV dispatcher: y[N, n_out] = x[N, n_in] . W^T with W as raw GGUF blocks on the device.
 
-`gemv(x, w_raw, qtype, n_out, n_in)` routes IQ4_XS, Q4_K, Q5_K, Q6_K, Q3_K and Q8_0 with N <= 16
-to GEMV v2 (gemv2.py: int8 tensor cores on decoded tiles), unless TIGHTFIT_GEMV=v1; `planar=True`
+`gemv(x, w_raw, qtype, n_out, n_in)` routes IQ4_XS, Q4_K and Q5_K with 3 <= N <= 16 to GEMV v2
+(gemv2.py: int8 tensor cores on decoded tiles; see `uses_v2` for the measured rule; TIGHTFIT_GEMV
+=v1|v2 forces one); `planar=True`
 says the buffer holds gemv2_layout.relayout's layout (v2 only). Everything else quantizes x to
 int8 per 32 (quantize_act) and runs v1, the shared skeleton (gemv_kernel.py) with the format's
 body. If v2 fails to compile for a type on the GPU, that type falls back to v1 with a warning. `gemv_quantized` takes activations that
@@ -108,18 +109,31 @@ def gemv_quantized(act: QuantAct, w_raw: torch.Tensor, qtype, n_out: int,
 _V2_BROKEN: set[int] = set()
 
 
+# Measured on the H200 (bench/RESULTS.md, 2026-11-29): at N=1 v1 reads 1.2-1.4 TB/s where v2
+# reaches 0.45-0.8; at N=8 v1 costs 5-9x its N=1 time and v2 about 1x. On raw GGUF blocks v2 is
+# only fast for the 4-byte-aligned formats (IQ4_XS, Q4_K, Q5_K); Q6_K/Q3_K/Q8_0 need the planar
+# re-layout. So "auto" sends N >= V2_MIN_N columns of those formats to v2 and the rest to v1.
+V2_MIN_N = 3
+V2_RAW_FAST = frozenset({23, 12, 13})   # IQ4_XS, Q4_K, Q5_K
+
+
 def gemv_version() -> str:
-    """'v2' (default) or 'v1', from TIGHTFIT_GEMV."""
-    v = os.environ.get("TIGHTFIT_GEMV", "v2").strip().lower()
-    if v not in ("v1", "v2"):
-        raise ValueError(f"TIGHTFIT_GEMV={v!r}: expected v1 or v2")
+    """'auto' (default), 'v2' or 'v1', from TIGHTFIT_GEMV."""
+    v = os.environ.get("TIGHTFIT_GEMV", "auto").strip().lower()
+    if v not in ("v1", "v2", "auto"):
+        raise ValueError(f"TIGHTFIT_GEMV={v!r}: expected auto, v1 or v2")
     return v
 
 
 def uses_v2(qtype, n: int = 1) -> bool:
     """Whether `gemv` runs v2 for this type and column count (raw layout)."""
     t = type_id(qtype)
-    return t in V2_TYPES and n <= 16 and gemv_version() == "v2" and t not in _V2_BROKEN
+    if t not in V2_TYPES or n > 16 or t in _V2_BROKEN:
+        return False
+    v = gemv_version()
+    if v == "auto":
+        return n >= V2_MIN_N and t in V2_RAW_FAST
+    return v == "v2"
 
 
 def gemv(x: torch.Tensor, w_raw: torch.Tensor, qtype, n_out: int, n_in: int,

@@ -96,7 +96,8 @@ class GPUModel:
     def __init__(self, config: Qwen35Config, model_file: Any, device: str | torch.device = "cuda",
                  n_ctx: int | None = None, use_triton: bool | None = None,
                  chunk: int = A.DEFAULT_CHUNK, use_graphs: bool | None = None,
-                 lazy_check: bool = False):
+                 lazy_check: bool = False, prefill_chunk: int | None = None,
+                 batched: bool = True):
         config.validate()
         self.config = c = config
         self.device = torch.device(device)
@@ -108,6 +109,9 @@ class GPUModel:
         self.n_ctx = int(n_ctx or min(c.n_ctx_train, 4096))
         self.chunk = int(chunk)
         self.lazy_check = lazy_check
+        self.batched = batched            # n > 1 tokens: tightfit.model.batch (chunked prefill)
+        self.prefill_chunk = prefill_chunk
+        self._batch = None
         self.dtype = torch.float32
         self.kv_dtype = torch.float16
         tensors = getattr(model_file, "gguf", model_file).tensors
@@ -375,11 +379,21 @@ class GPUModel:
                                         f"{self.config.n_vocab} tokens (0..{self.config.n_vocab - 1})")
         return ids
 
+    def batcher(self):
+        """The batched forward (tightfit.model.batch.BatchForward), built on first use."""
+        if self._batch is None:
+            from tightfit.model.batch import BatchForward
+            self._batch = BatchForward(self, chunk=self.prefill_chunk)
+        return self._batch
+
     def forward(self, tokens: Sequence[int] | torch.Tensor, state: GPUState,
-                logits: str = "all") -> torch.Tensor:
+                logits: str = "all", progress=None) -> torch.Tensor:
         """ReferenceModel.forward's contract: 'all' [n, V], 'last' [1, V], 'none' [0, V] fp32
-        (on the model's device). Tokens run one by one through the step; on NaN/Inf the state
-        keeps every token before the failing one and NonFiniteError is raised."""
+        (on the model's device). One token runs through the (graph-captured) step; n > 1 tokens
+        go through the batched forward (tightfit.model.batch: chunked prefill, `progress(done,
+        total)` after each chunk) unless `batched=False`, then token by token. On NaN/Inf,
+        NonFiniteError is raised and the state keeps every token before the failing one (the
+        failing chunk, for the batched path)."""
         if logits not in LOGITS_MODES:
             raise UserError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
         if not isinstance(state, GPUState) or state.config != self.config:
@@ -387,6 +401,13 @@ class GPUModel:
         ids = self._token_ids(tokens)
         n = len(ids)
         state.check_usable(n)
+        if n > 1 and self.batched:
+            if state.device.type == "cuda":
+                state.sync()               # a pending step failure must not be committed over
+            out = self.batcher().forward(ids, state, logits, progress)
+            if not self.lazy_check:
+                state.sync()
+            return out
         V = self.config.n_vocab
         out = torch.empty(n if logits == "all" else (1 if logits == "last" else 0), V,
                           dtype=torch.float32, device=self.device)
@@ -401,5 +422,17 @@ class GPUModel:
         if not self.lazy_check:
             state.sync()
         return out
+
+    def forward_block(self, tokens: Sequence[int] | torch.Tensor, state: GPUState,
+                      keep_states: bool = True):
+        """Speculative verify: run the block [last, d_1..d_k] without committing; returns a
+        tightfit.model.batch.Block (logits of every row, normed hidden rows, commit(j) that keeps
+        the first j tokens from per-position recurrent states, no re-run)."""
+        if not isinstance(state, GPUState) or state.config != self.config:
+            raise StateError("state was created for a different model")
+        ids = self._token_ids(tokens)
+        state.check_usable(len(ids))
+        state.sync()
+        return self.batcher().forward_block(ids, state, keep_states=keep_states)
 
     __call__ = forward

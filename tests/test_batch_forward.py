@@ -1,0 +1,204 @@
+"""The executor's batched forward (tightfit/model/batch.py via GPUModel.forward for n > 1, and
+GPUModel.forward_block for speculative verify) on the CPU, against the ReferenceModel oracle:
+prefill of N tokens then decode equals the reference; chunk boundaries (prefill chunks and GDN
+chunks) at awkward positions; prompts of 1, 31, 32, 33 tokens; a model covering the quant formats;
+partial acceptance of a verify block without re-running."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tightfit.api import open_model
+from tightfit.model.generate import make_model
+from tightfit.model.reference import ReferenceModel
+from tightfit.runtime.state import NonFiniteError, StateError
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    p = tmp_path_factory.mktemp("batch") / "tiny-f32.gguf"
+    make_model(p, preset="tiny", qtype="F32", seed=7)
+    mf = open_model(p)
+    yield mf
+    mf.close()
+
+
+@pytest.fixture(scope="module")
+def cover(tmp_path_factory):
+    p = tmp_path_factory.mktemp("batch") / "small-cover.gguf"
+    make_model(p, preset="small", mix="cover", seed=3)
+    mf = open_model(p)
+    yield mf
+    mf.close()
+
+
+def _exe(mf, prefill_chunk=16, gdn_chunk=8, **kw):
+    from tightfit.model.executor import GPUModel
+    exe = GPUModel.from_model_file(mf, device="cpu", n_ctx=128, use_triton=False,
+                                   prefill_chunk=prefill_chunk, **kw)
+    exe.batcher().gdn_chunk = gdn_chunk
+    return exe
+
+
+def _close(a, b, tol=2e-5):
+    a, b = np.asarray(a.detach().cpu(), np.float64), np.asarray(b.detach().cpu(), np.float64)
+    assert a.shape == b.shape
+    err = np.abs(a - b).max()
+    assert err <= tol * (np.abs(b).max() + 1e-9), f"max err {err}, scale {np.abs(b).max()}"
+
+
+@pytest.mark.parametrize("n", [1, 31, 32, 33])
+def test_prefill_then_decode(tiny, n):
+    ref, exe = ReferenceModel.from_model_file(tiny), _exe(tiny)
+    rng = np.random.default_rng(n)
+    prompt = rng.integers(0, tiny.config.n_vocab, n).tolist()
+    rs, gs = ref.new_state(128), exe.new_state(128)
+    _close(exe.forward(prompt, gs, logits="all"), ref.forward(prompt, rs, logits="all"))
+    assert gs.pos == rs.pos == n and int(gs.status[2]) == n
+    tok = 3
+    for _ in range(3):
+        lg, lr = exe.forward([tok], gs, logits="last"), ref.forward([tok], rs, logits="last")
+        _close(lg, lr)
+        tok = int(lr.argmax())
+
+
+def test_state_only_modes_and_progress(tiny):
+    ref, exe = ReferenceModel.from_model_file(tiny), _exe(tiny, prefill_chunk=13, gdn_chunk=5)
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(0, tiny.config.n_vocab, 40).tolist()
+    rs, gs = ref.new_state(128), exe.new_state(128)
+    seen = []
+    out = exe.forward(prompt[:30], gs, logits="none", progress=lambda d, t: seen.append((d, t)))
+    assert out.shape == (0, tiny.config.n_vocab)
+    assert seen == [(13, 30), (26, 30), (30, 30)]
+    ref.forward(prompt[:30], rs, logits="none")
+    _close(exe.forward(prompt[30:], gs, logits="last"), ref.forward(prompt[30:], rs, logits="last"))
+    # the batched path and the token-by-token step agree after a batched prefill too
+    _close(exe.forward([5, 6], gs, logits="all"), ref.forward([5, 6], rs, logits="all"))
+
+
+def test_second_prefill_over_prefix(tiny):
+    """A block after a prefix: attention over cached rows + the block (explicit causal mask)."""
+    ref, exe = ReferenceModel.from_model_file(tiny), _exe(tiny, prefill_chunk=7, gdn_chunk=4)
+    rng = np.random.default_rng(2)
+    a, b = rng.integers(0, 1000, 11).tolist(), rng.integers(0, 1000, 9).tolist()
+    rs, gs = ref.new_state(128), exe.new_state(128)
+    exe.forward(a, gs, logits="none")
+    ref.forward(a, rs, logits="none")
+    _close(exe.forward(b, gs, logits="all"), ref.forward(b, rs, logits="all"))
+
+
+def test_quant_formats_model(cover):
+    ref, exe = ReferenceModel.from_model_file(cover), _exe(cover, prefill_chunk=12, gdn_chunk=8)
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, cover.config.n_vocab, 25).tolist()
+    rs, gs = ref.new_state(128), exe.new_state(128)
+    _close(exe.forward(prompt, gs, logits="all"), ref.forward(prompt, rs, logits="all"), 1e-4)
+    _close(exe.forward([9], gs, logits="last"), ref.forward([9], rs, logits="last"), 1e-4)
+
+
+@pytest.mark.parametrize("keep_n", [1, 3, 6])
+def test_forward_block_partial_commit(cover, keep_n):
+    ref, exe = ReferenceModel.from_model_file(cover), _exe(cover, gdn_chunk=4)
+    rng = np.random.default_rng(keep_n)
+    prompt = rng.integers(0, cover.config.n_vocab, 7).tolist()
+    block = rng.integers(0, cover.config.n_vocab, 6).tolist()
+    rs, gs = ref.new_state(128), exe.new_state(128)
+    exe.forward(prompt, gs, logits="none")
+    ref.forward(prompt, rs, logits="none")
+    snap = rs.snapshot()
+    blk = exe.forward_block(block, gs)
+    assert gs.pos == 7                                          # nothing committed yet
+    _close(blk.logits, ref.forward(block, rs, logits="all"), 1e-4)
+    assert blk.hidden.shape == (6, cover.config.n_embd)
+    assert blk.row(2).shape == (cover.config.n_vocab,)
+    rs.restore(snap)
+    ref.forward(block[:keep_n], rs, logits="none")
+    blk.commit(keep_n)
+    assert gs.pos == rs.pos == 7 + keep_n
+    with pytest.raises(StateError):
+        blk.commit(keep_n)
+    _close(exe.forward([11], gs, logits="last"), ref.forward([11], rs, logits="last"), 1e-4)
+    _close(exe.forward([12, 13], gs, logits="all"), ref.forward([12, 13], rs, logits="all"), 1e-4)
+
+
+def test_forward_block_without_keep(tiny):
+    exe = _exe(tiny)
+    gs = exe.new_state(128)
+    exe.forward([1, 2, 3], gs, logits="none")
+    blk = exe.forward_block([4, 5, 6], gs, keep_states=False)
+    with pytest.raises(StateError):
+        blk.commit(2)
+    blk.commit(3)
+    assert gs.pos == 6
+    stale = exe.forward_block([7, 8], gs)
+    exe.forward([9], gs, logits="none")                          # the state moved on
+    with pytest.raises(StateError):
+        stale.commit(1)
+
+
+def test_nonfinite_chunk_keeps_state(tiny):
+    exe = _exe(tiny, prefill_chunk=4)
+    gs = exe.new_state(128)
+    exe.forward([1, 2, 3, 4, 5], gs, logits="none")
+    snap = gs.snapshot()
+    w = exe.vec["output_norm.weight"]
+    keep = w[0].item()
+    w[0] = float("nan")
+    try:
+        with pytest.raises(NonFiniteError):
+            exe.forward([6, 7, 8], gs, logits="last")
+        assert gs.pos == 5 and int(gs.status[2]) == 5
+        after = gs.snapshot()
+        for a, b in zip(snap.ssm + snap.conv, after.ssm + after.conv):
+            assert torch.equal(a, b)
+    finally:
+        w[0] = keep
+
+
+def test_workspace_line(tiny):
+    from tightfit.model.batch import workspace_bytes
+    from tightfit.model.config import QWEN35_27B
+    ws = workspace_bytes(QWEN35_27B, 2048, depth=32768)
+    assert ws["gemm_scratch"] == 64 << 20
+    assert ws["attn_kv_expand"] == 2 * 24 * (32768 + 2048) * 256 * 2
+    assert all(v >= 0 for v in ws.values())
+
+
+@pytest.mark.parametrize("p0", [0, 1, 9])
+@pytest.mark.parametrize("fallback", [False, True])
+def test_attn_prefill_kernel(p0, fallback, monkeypatch):
+    """attn_prefill (SDPA, lower-right causal bias or explicit mask) vs the float64 oracle."""
+    from tightfit.kernels import attn_prefill as AP
+    if fallback:
+        monkeypatch.setattr(AP, "_causal_lower_right", None)
+    g = torch.Generator().manual_seed(p0)
+    n, H, Hkv, D = 6, 6, 2, 16
+    q = torch.randn(n, H, D, generator=g)
+    kc = torch.randn(p0 + n + 3, Hkv, D, generator=g).half()
+    vc = torch.randn(p0 + n + 3, Hkv, D, generator=g).half()
+    got = AP.attn_prefill(q, kc, vc, p0)
+    want = AP.attn_prefill_ref(q, kc, vc, p0)
+    assert (got.double() - want).abs().max() < 1e-5
+
+
+def test_qk_prep_block_matches_step_reference():
+    """Block q/k norm + RoPE + cache write == the decode step's reference, row by row."""
+    from tightfit.kernels import attn_decode as A
+    from tightfit.kernels import attn_prefill as AP
+    g = torch.Generator().manual_seed(4)
+    n, H, Hkv, D, p0 = 5, 4, 2, 16, 3
+    cos, sin = A.rope_tables(32, 8, 1e4)
+    qg, k, v = torch.randn(n, H * 2 * D, generator=g), torch.randn(n, Hkv * D, generator=g), \
+        torch.randn(n, Hkv * D, generator=g)
+    qn, kn = torch.rand(D, generator=g) + 0.5, torch.rand(D, generator=g) + 0.5
+    kc, vc = torch.zeros(32, Hkv, D, dtype=torch.float16), torch.zeros(32, Hkv, D, dtype=torch.float16)
+    q = AP.qk_prep_block(qg, k, v, qn, kn, cos, sin, kc, vc, p0, 1e-6)
+    kc2, vc2 = torch.zeros_like(kc), torch.zeros_like(vc)
+    for i in range(n):
+        status = torch.tensor([0, 0, p0 + i, 0], dtype=torch.int32)
+        qo = torch.empty(H, D)
+        A.qk_prep_ref(qg[i], k[i], v[i], qn, kn, cos, sin, kc2, vc2, qo, status, 1e-6)
+        assert torch.allclose(qo, q[i], atol=1e-6)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)

@@ -1,0 +1,133 @@
+"""Batched quantized GEMM (tightfit/kernels/gemm_q.py, gemm_q_torch.py) against the slow reference:
+tightfit.quant's NumPy dequantization (itself checked bit-exact against gguf-py) and a float64
+matmul. Fresh random blocks (valid fp16 scales written into random bytes), outputs poisoned with
+NaN. The Triton kernels run under TRITON_INTERPRET=1 (prmt emulated).
+
+Bounds:
+- torch decoders: bit-exact with the NumPy reference;
+- Triton paths vs the reference fed the same bf16-rounded x and W: 1e-5 relative (only fp32
+  summation order differs; a decoding or layout bug gives O(1));
+- Triton paths vs the float reference: 1.5e-2 relative (bf16 rounding of x and W);
+- fp32 CPU path vs the float reference: 1e-5.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from tightfit.kernels.gemm_q import FUSED_TYPES, chunk_rows, gemm_q, gemm_q_ref  # noqa: E402
+from tightfit.kernels.gemm_q_torch import DECODERS, dequant_rows  # noqa: E402
+from tightfit.quant.dequant import dequantize  # noqa: E402
+from tightfit.quant.traits import traits  # noqa: E402
+
+interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                            reason="CPU tests of the Triton kernels need TRITON_INTERPRET=1")
+
+F16_FIELDS = {8: [0], 20: [0], 10: [80, 82], 11: [108], 12: [0, 2], 13: [0, 2], 14: [208],
+              23: [0], 16: [0], 17: [0], 22: [0], 18: [0], 21: [0]}
+SEED_MIX = [23, 13, 14, 12, 11, 8, 10, 17, 22, 21, 18, 20]   # the 12 formats of the seed mix
+
+
+def rand_w(rng, t, n_out, n_in):
+    tr = traits(t)
+    raw = rng.integers(0, 256, size=(n_out * n_in // tr.block_size, tr.type_size), dtype=np.uint8)
+    for off in F16_FIELDS[t]:
+        sc = rng.uniform(0.001, 0.01, raw.shape[0]).astype(np.float16)
+        raw[:, off:off + 2] = sc.view(np.uint8).reshape(-1, 2)
+    return raw.reshape(n_out, -1)
+
+
+def bf16_ref(x, w, t, n_out, n_in):
+    wf = dequantize(w.reshape(-1), t, (n_out, n_in))
+    wb = torch.from_numpy(wf).bfloat16().double().numpy()
+    xb = torch.from_numpy(x).bfloat16().double().numpy()
+    return xb @ wb.T
+
+
+def rel(a, b):
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / (np.abs(b).max() + 1e-12))
+
+
+@pytest.mark.parametrize("t", sorted(DECODERS))
+def test_torch_decoders_bit_exact(t):
+    rng = np.random.default_rng(100 + t)
+    n_in = 512
+    w = rand_w(rng, t, 5, n_in)
+    want = dequantize(w.reshape(-1), t, (5, n_in))
+    got = dequant_rows(torch.from_numpy(w.copy()), t, n_in).numpy()
+    assert np.array_equal(got, want)
+
+
+@interp
+@pytest.mark.parametrize("t", sorted(FUSED_TYPES))
+@pytest.mark.parametrize("M", [16, 20, 33])
+def test_fused_kernel(t, M):
+    rng = np.random.default_rng(1000 * t + M)
+    n_out, n_in = 40, 512                  # 40 rows: a partial BN=64 tile; M=33: BM=64 masking
+    w = rand_w(rng, t, n_out, n_in)
+    x = rng.standard_normal((M, n_in)).astype(np.float32)
+    out = torch.full((M, n_out), float("nan"))
+    y = gemm_q(torch.from_numpy(x), torch.from_numpy(w.reshape(-1).copy()), t, n_out, n_in,
+               out=out, mode="fused").numpy()
+    assert not np.isnan(y).any(), "unwritten outputs"
+    assert rel(y, bf16_ref(x, w, t, n_out, n_in)) < 1e-5
+    assert rel(y, gemm_q_ref(x, w, t, n_out, n_in)) < 1.5e-2
+
+
+@interp
+@pytest.mark.parametrize("t", SEED_MIX)
+def test_dequant_path_chunks(t):
+    """Decode into a bf16 scratch, several row chunks (the last one partial), then matmul."""
+    rng = np.random.default_rng(7 + t)
+    n_out, n_in, M = 37, 512, 18
+    w = rand_w(rng, t, n_out, n_in)
+    x = rng.standard_normal((M, n_in)).astype(np.float32)
+    scratch = 16 * 2 * n_in                  # 16 bf16 rows (fewer for the torch decoders)
+    assert chunk_rows(t, n_in, scratch) < n_out
+    out = torch.full((M, n_out), float("nan"))
+    y = gemm_q(torch.from_numpy(x), torch.from_numpy(w.reshape(-1).copy()), t, n_out, n_in,
+               out=out, mode="dequant", scratch_bytes=scratch).numpy()
+    assert not np.isnan(y).any()
+    assert rel(y, bf16_ref(x, w, t, n_out, n_in)) < 1e-5
+    assert rel(y, gemm_q_ref(x, w, t, n_out, n_in)) < 1.5e-2
+
+
+@pytest.mark.parametrize("t", SEED_MIX)
+def test_cpu_fp32_path(t):
+    rng = np.random.default_rng(50 + t)
+    n_out, n_in, M = 9, 256, 5
+    w = rand_w(rng, t, n_out, n_in)
+    x = rng.standard_normal((M, n_in)).astype(np.float32)
+    y = gemm_q(torch.from_numpy(x), torch.from_numpy(w.reshape(-1).copy()), t, n_out, n_in,
+               mode="torch", scratch_bytes=4 * 2 * n_in).numpy()
+    assert rel(y, gemm_q_ref(x, w, t, n_out, n_in)) < 1e-5
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float16, torch.bfloat16])
+def test_float_matrices(dt):
+    rng = np.random.default_rng(3)
+    n_out, n_in, M = 11, 64, 6
+    w = torch.from_numpy(rng.standard_normal((n_out, n_in)).astype(np.float32)).to(dt)
+    x = rng.standard_normal((M, n_in)).astype(np.float32)
+    raw = w.contiguous().view(torch.uint8).reshape(-1)
+    qt = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 30}[dt]
+    y = gemm_q(torch.from_numpy(x), raw, qt, n_out, n_in).numpy()
+    want = x.astype(np.float64) @ w.double().numpy().T
+    assert rel(y, want) < 1e-5
+
+
+def test_errors():
+    x = torch.zeros(4, 256)
+    w = torch.zeros(10 * 136, dtype=torch.uint8)
+    with pytest.raises(ValueError):
+        gemm_q(torch.zeros(4, 128), w, 23, 10, 256)
+    with pytest.raises(ValueError):
+        gemm_q(x, w, 10, 10, 256, mode="fused")      # Q2_K has no fused kernel
+    with pytest.raises(ValueError):
+        gemm_q(x, w, 23, 10, 256, mode="nope")

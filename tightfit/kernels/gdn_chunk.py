@@ -1,0 +1,221 @@
+"""Gated DeltaNet over a block of tokens (prefill / speculative verify), spec/qwen35.md §3.4.
+
+Per V head, with the state S [key, value] (HF orientation, tightfit/runtime/state.py) and, per
+token t, log-decay g_t <= 0, write strength beta_t, L2-normalised k_t, q_t (q also times S^-1/2):
+
+    S_t = exp(g_t) S_{t-1} + k_t u_t^T,   u_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t),
+    o_t = S_t^T q_t.
+
+Chunked form (derived here for this module; a chunk of C tokens starting from state S0, G_t the
+cumulative log-decay inside the chunk, Gamma_t = exp(G_t)). Unrolling the recurrence,
+S_t = Gamma_t S0 + sum_{s<=t} exp(G_t - G_s) k_s u_s^T, and substituting it into u_t:
+
+    (I + A) U = diag(beta) V - diag(beta Gamma) K S0,
+    A[t, s] = beta_t exp(G_t - G_s) (k_t . k_s)  for s < t (strictly lower triangular),
+
+so with the unit-lower-triangular solve T = (I + A)^-1:  Ub = T diag(beta) V, W = T diag(beta Gamma) K,
+U = Ub - W S0. Then O = diag(Gamma) Q S0 + (Q K^T ⊙ D) U with D[t, s] = exp(G_t - G_s) for
+s <= t, and the chunk's end state S_C = Gamma_C S0 + (K ⊙ exp(G_C - G))^T U. Every exponent is
+a difference G_t - G_s with s <= t (or G itself), so nothing overflows. Only the last three
+products depend on S0: the intra-chunk parts (A, the solve, Q K^T ⊙ D) run for all chunks at
+once, the chunk loop is four small batched matmuls.
+
+Per-position states (speculative verify, `keep=True`): S after block token j is rebuilt from the
+chunk's start state, K, U and G in one product (`KeptStates.state_at(j)`), so a verify block keeps
+O(n (Dk + Dv)) floats per head instead of n full states.
+
+The causal depthwise conv over the block (`causal_conv`) continues from the stored K-1 raw rows
+and returns the whole window [K-1+n, C]: the conv state after block token j is rows j+1..j+K-1.
+
+GPU: `chunk_gdn` uses fla-core's chunk_gated_delta_rule (optional run-time dependency, PyPI
+`fla-core`) when TIGHTFIT_GDN=fla and keep=False; otherwise this torch implementation (its
+matmuls run on the GPU as well). `gdn_recurrent_ref` is the slow token-by-token reference.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+DEFAULT_CHUNK = 64
+
+
+# ---- causal conv ------------------------------------------------------------------------------------
+def causal_conv(u: torch.Tensor, conv_prev: torch.Tensor, w: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """u [n, C] new pre-conv rows, conv_prev [K-1, C] stored raw rows (oldest first), w [C, K]
+    (tap 0 = oldest) -> (silu(conv) [n, C], window [K-1+n, C]). New conv state = window[-(K-1):]."""
+    n = u.shape[0]
+    K = w.shape[1]
+    hist = torch.cat([conv_prev.to(u.dtype), u], dim=0)
+    acc = hist[0:n] * w[:, 0]
+    for j in range(1, K):
+        acc = acc + hist[j:j + n] * w[:, j]
+    return F.silu(acc), hist
+
+
+def causal_conv_ref(u: torch.Tensor, conv_prev: torch.Tensor, w: torch.Tensor):
+    """Reference: the window/unfold form of ReferenceModel._gated_deltanet."""
+    K = w.shape[1]
+    hist = torch.cat([conv_prev.to(u.dtype), u], dim=0)
+    return F.silu((hist.unfold(0, K, 1) * w).sum(-1)), hist
+
+
+# ---- per-token inputs -------------------------------------------------------------------------------
+def gdn_inputs(y: torch.Tensor, alpha: torch.Tensor, beta_raw: torch.Tensor, dt_bias: torch.Tensor,
+               ssm_a: torch.Tensor, Hk: int, Hv: int, S: int, eps: float):
+    """y [n, conv_dim] (q | k | v after conv+SiLU), alpha/beta_raw [n, Hv] ->
+    q, k [n, Hv, S] (normalised, K head h mod Hk per V head h), v [n, Hv, S], g, beta [n, Hv]."""
+    n = y.shape[0]
+    kd = Hk * S
+    q = y[:, :kd].reshape(n, Hk, S)
+    k = y[:, kd:2 * kd].reshape(n, Hk, S)
+    v = y[:, 2 * kd:].reshape(n, Hv, S)
+    q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + eps) * (S ** -0.5)
+    k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + eps)
+    r = Hv // Hk
+    g = F.softplus(alpha + dt_bias) * ssm_a
+    return q.repeat(1, r, 1), k.repeat(1, r, 1), v, g, torch.sigmoid(beta_raw)
+
+
+# ---- the recurrence -----------------------------------------------------------------------------
+def gdn_recurrent_ref(q, k, v, g, beta, S0, keep: bool = False):
+    """Token-by-token reference. q, k [n, H, Dk], v [n, H, Dv], g, beta [n, H], S0 [H, Dk, Dv].
+    Returns (o [n, H, Dv], final state, list of states after each token if keep)."""
+    st = S0.clone()
+    out = torch.empty(v.shape, dtype=st.dtype, device=st.device)
+    states = []
+    for t in range(q.shape[0]):
+        st = st * torch.exp(g[t])[:, None, None]
+        kv = torch.einsum("hi,hij->hj", k[t], st)
+        delta = beta[t][:, None] * (v[t] - kv)
+        st = st + k[t][:, :, None] * delta[:, None, :]
+        out[t] = torch.einsum("hi,hij->hj", q[t], st)
+        if keep:
+            states.append(st.clone())
+    return out, st, states
+
+
+@dataclass
+class KeptStates:
+    """What a keep=True block needs to rebuild the state after any of its tokens."""
+    starts: list          # state at each chunk start [H, Dk, Dv] (chunk 0: S0 itself, not a copy)
+    k: torch.Tensor       # [H, N, C, Dk]
+    u: torch.Tensor       # [H, N, C, Dv]
+    G: torch.Tensor       # [H, N, C] cumulative log-decay inside each chunk
+    chunk: int
+
+    def state_at(self, j: int) -> torch.Tensor:
+        """State after block token j (0-based)."""
+        c, i = divmod(j, self.chunk)
+        G = self.G[:, c, :i + 1]
+        gl = G[:, -1]
+        kd = self.k[:, c, :i + 1] * torch.exp(gl[:, None] - G)[..., None]
+        return (torch.exp(gl)[:, None, None] * self.starts[c]
+                + kd.transpose(-1, -2) @ self.u[:, c, :i + 1])
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.u, self.G))
+
+
+def _chunks(x: torch.Tensor, C: int) -> torch.Tensor:
+    """[n, H, ...] -> [H, N, C, ...] zero-padded to N*C tokens."""
+    n = x.shape[0]
+    N = -(-n // C)
+    x = x.transpose(0, 1)
+    if N * C != n:
+        pad = [0, 0] * (x.dim() - 2) + [0, N * C - n]
+        x = F.pad(x, pad)
+    return x.reshape(x.shape[0], N, C, *x.shape[2:])
+
+
+def chunk_gdn_torch(q, k, v, g, beta, S0, chunk: int = DEFAULT_CHUNK, keep: bool = False):
+    """Chunked gated delta rule (module docstring). Inputs as gdn_recurrent_ref; float32 math.
+    Returns (o [n, H, Dv], final state [H, Dk, Dv], KeptStates or None)."""
+    n, H, Dk = k.shape
+    Dv = v.shape[-1]
+    dt = torch.float32 if S0.dtype != torch.float64 else torch.float64
+    C = max(1, min(int(chunk), n))
+    qc, kc, vc = (_chunks(t.to(dt), C) for t in (q, k, v))       # padded tokens: q=k=v=0
+    gc, bc = _chunks(g.to(dt), C), _chunks(beta.to(dt), C)        # g=0 (no decay), beta=0
+    N = qc.shape[1]
+    G = gc.cumsum(-1)                                             # [H, N, C]
+    diff = G[..., :, None] - G[..., None, :]                      # [.., t, s] = G_t - G_s
+    ar = torch.arange(C, device=q.device)
+    incl = ar[:, None] >= ar[None, :]
+    strict = ar[:, None] > ar[None, :]
+    ninf = torch.tensor(float("-inf"), dtype=dt, device=q.device)
+    D_incl = torch.exp(torch.where(incl, diff, ninf))
+    D_strict = torch.exp(torch.where(strict, diff, ninf))
+    A = ((kc * bc[..., None]) @ kc.transpose(-1, -2)) * D_strict  # [H, N, C, C]
+    IA = A + torch.eye(C, dtype=dt, device=q.device)
+    rhs = torch.cat([vc * bc[..., None], kc * (bc * torch.exp(G))[..., None]], dim=-1)
+    sol = torch.linalg.solve_triangular(IA, rhs, upper=False, unitriangular=True)
+    Ub, W = sol[..., :Dv], sol[..., Dv:]
+    P = (qc @ kc.transpose(-1, -2)) * D_incl                      # [H, N, C, C]
+    Qg = qc * torch.exp(G)[..., None]
+    gl = G[..., -1]                                               # [H, N]
+    Kd = kc * torch.exp(gl[..., None] - G)[..., None]
+    S = S0.to(dt)
+    O = torch.empty(H, N, C, Dv, dtype=dt, device=q.device)
+    U = torch.empty_like(Ub) if keep else None
+    starts = []
+    for c in range(N):
+        if keep:
+            starts.append(S)
+        Uc = Ub[:, c] - W[:, c] @ S
+        O[:, c] = Qg[:, c] @ S + P[:, c] @ Uc
+        S = torch.exp(gl[:, c])[:, None, None] * S + Kd[:, c].transpose(-1, -2) @ Uc
+        if keep:
+            U[:, c] = Uc
+    o = O.reshape(H, N * C, Dv)[:, :n].transpose(0, 1)
+    kept = KeptStates(starts, kc, U, G, C) if keep else None
+    return o, S, kept
+
+
+def _fla_available() -> bool:
+    try:
+        import fla.ops.gated_delta_rule  # noqa: F401
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def chunk_gdn_fla(q, k, v, g, beta, S0):
+    """fla-core's chunk_gated_delta_rule (GPU only); same contract as chunk_gdn_torch, keep=False."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    args = dict(q=q[None].contiguous(), k=k[None].contiguous(), v=v[None].contiguous(),
+                g=g[None].contiguous(), beta=beta[None].contiguous(), scale=1.0,
+                initial_state=S0[None].contiguous(), output_final_state=True)
+    try:
+        o, st = chunk_gated_delta_rule(**args, head_first=False)
+    except TypeError:
+        o, st = chunk_gated_delta_rule(**args)
+    return o[0].to(torch.float32), st[0].to(torch.float32), None
+
+
+def gdn_backend() -> str:
+    """'fla' when TIGHTFIT_GDN=fla and fla-core imports, else 'torch'."""
+    want = os.environ.get("TIGHTFIT_GDN", "torch").strip().lower()
+    return "fla" if want == "fla" and _fla_available() else "torch"
+
+
+def chunk_gdn(q, k, v, g, beta, S0, chunk: int = DEFAULT_CHUNK, keep: bool = False):
+    if not keep and q.device.type == "cuda" and gdn_backend() == "fla":
+        return chunk_gdn_fla(q, k, v, g, beta, S0)
+    return chunk_gdn_torch(q, k, v, g, beta, S0, chunk=chunk, keep=keep)
+
+
+def workspace_bytes(n: int, H: int, Dk: int, Dv: int, chunk: int = DEFAULT_CHUNK,
+                    keep: bool = False) -> int:
+    """fp32 temporaries of one chunk_gdn_torch call over n tokens (peak, roughly)."""
+    N = math.ceil(n / max(1, chunk))
+    C = min(chunk, n)
+    per = H * N * C
+    b = per * (3 * Dk + 3 * Dv + 2 * (Dv + Dk) + 4 * C + 6) * 4
+    if keep:
+        b += per * (Dk + Dv + 1) * 4 + N * H * Dk * Dv * 4
+    return int(b)
