@@ -13,6 +13,7 @@ from tightfit.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    import tightfit.kvquant  # noqa: F401  registers the quantized KV formats (tq2/tq3/tq4, mixes)
     from tightfit.plan.budget import KV_FORMATS
     from tightfit.plan.placement import PRESETS
     p = sub.add_parser("plan", help="VRAM bill and placement for a model and context",

@@ -361,9 +361,9 @@ def resolve_args(preset: str = "tiny", *, seed: int = 0, qtype: str | None = Non
                  mix: str | Mapping[str, str] | None = None, vocab: str | None = None,
                  mtp: bool = False, tied: bool = False, layers: int | None = None) -> dict[str, Any]:
     """Fill preset defaults; the result is the canonical argument set (stored in manifests)."""
-    seedmix = preset in presets.SEEDMIX_PRESETS
+    seedmix = preset in presets.PRESET_MIX
     if mix is None and qtype is None and seedmix:
-        mix = "seedmix"
+        mix = presets.PRESET_MIX[preset]
     if vocab is None:
         vocab = "real" if seedmix or preset == "27b" else "small:1000"
     return dict(preset=preset, seed=int(seed), qtype=qtype.upper() if qtype else None,

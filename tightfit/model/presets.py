@@ -48,11 +48,14 @@ GEOMETRIES: dict[str, Qwen35Config] = {
     "small-mha": SMALL_MHA,
     "small-odd": SMALL_ODD,
     "qwen3.8-27b-seedmix": QWEN35_27B,
+    "qwen3.8-27b-ternary": QWEN35_27B,   # the 8 GB card (seed 004): every matrix ternary
     "27b": QWEN35_27B,
 }
 
 #: Presets whose default is the seed-mix quant recipe and the real 248,320-token vocabulary.
 SEEDMIX_PRESETS = {"qwen3.8-27b-seedmix"}
+#: Preset -> its default mix (and the real vocabulary).
+PRESET_MIX = {"qwen3.8-27b-seedmix": "seedmix", "qwen3.8-27b-ternary": "ternary"}
 
 
 def geometry(preset: str, *, layers: int | None = None, n_vocab: int | None = None,
@@ -149,7 +152,13 @@ def cover_type(name: str, cfg: Qwen35Config) -> str:
     return COVER_CYCLE[_matrix_order(cfg)[name] % len(COVER_CYCLE)]
 
 
-MIXES: dict[str, Callable[[str, Qwen35Config], str]] = {"seedmix": seedmix_type, "cover": cover_type}
+def ternary_type(name: str, cfg: Qwen35Config) -> str:
+    from tightfit.tools.ternary_preset import ternary_type as t
+    return t(name, cfg)
+
+
+MIXES: dict[str, Callable[[str, Qwen35Config], str]] = {"seedmix": seedmix_type, "cover": cover_type,
+                                                        "ternary": ternary_type}
 
 
 def tensor_types(cfg: Qwen35Config, *, qtype: str | None = None, mix: str | Mapping[str, str] | None = None,

@@ -144,9 +144,19 @@ def _preset_27b_seedmix() -> tuple[Qwen35Config, Callable[[str, Qwen35Config], s
     return replace(QWEN35_27B, nextn_layers=1), seed_mix_type
 
 
+def _preset_27b_ternary() -> tuple[Qwen35Config, Callable[[str, Qwen35Config], str]]:
+    from tightfit.model.presets import tensor_types
+
+    def ternary(name: str, cfg: Qwen35Config) -> str:
+        return tensor_types(cfg, mix="ternary")[name]
+    return QWEN35_27B, ternary
+
+
 PRESETS: dict[str, Callable[[], tuple[Qwen35Config, Callable[[str, Qwen35Config], str]]]] = {
     # The benchmark model of shared/bench/seed-mix.md, with its MTP block (blk.64).
     "qwen3.8-27b-seedmix": _preset_27b_seedmix,
+    # The 8 GB card's model (seed 004): every matrix ternary (TQ2_0), generator's recipe.
+    "qwen3.8-27b-ternary": _preset_27b_ternary,
     "tiny": lambda: (TINY, _tiny_mix),
 }
 

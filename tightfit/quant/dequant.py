@@ -135,6 +135,10 @@ def _decoders() -> dict[int, Decoder]:
             20: _iq4_nl, 39: _mxfp4, 41: _q1_0, Q2_0: _q2_0}
     base.update(dequant_k.DECODERS)
     base.update(dequant_iq.DECODERS)
+    # tightfit's own dense ternary packing (tightfit repack): 5 trits per byte
+    from tightfit.tools.repack import T3_TYPES, dequantize_t3
+    for tid in T3_TYPES:
+        base[tid] = (lambda b, _t=tid: dequantize_t3(b, _t))
     return base
 
 

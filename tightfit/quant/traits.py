@@ -49,6 +49,9 @@ _TABLE = [
     ("IQ2_S", 22, 256, 82), ("IQ4_XS", 23, 256, 136), ("IQ1_M", 29, 256, 56),
     ("TQ1_0", 34, 256, 54), ("TQ2_0", 35, 256, 66), ("MXFP4", 39, 32, 17),
     ("Q1_0", 41, 128, 18), ("Q2_0", Q2_0, 64, 18),
+    # tightfit-only types (ids far outside ggml's range; llama.cpp cannot read them): the base-3
+    # repacking of ternary tensors written by `tightfit repack` (tightfit/tools/repack.py)
+    ("TF_T3_64", 3064, 64, 15), ("TF_T3_128", 3128, 128, 28), ("TF_T3_256", 3256, 256, 54),
 ]
 
 # Ids a reader must reject with a reason rather than "unknown" (spec §1).
