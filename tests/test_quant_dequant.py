@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from tightfit.errors import GGUFError
 from tightfit.quant import Q2_0, TRAITS, dequantize
+from tightfit.quant.traits import GGML_TRAITS as TRAITS  # ggml types only: the oracles know no others  # noqa: E402,F811
 
 # Byte offsets of the fp16 fields (scales, and the Q4_1/Q5_1 mins) per type, from the spec's
 # layout tables; random bytes there would mostly be huge values, inf or NaN.

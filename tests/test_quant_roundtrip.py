@@ -15,6 +15,7 @@ import pytest
 
 from tightfit.errors import GGUFError
 from tightfit.quant import Q2_0, QTYPES_BY_NAME, TRAITS, dequantize, quantize, row_bytes
+from tightfit.quant.traits import GGML_TRAITS as TRAITS  # ggml types only: the oracles know no others  # noqa: E402,F811
 
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")     # a ggml abort must not attach gdb
 

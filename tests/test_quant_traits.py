@@ -11,6 +11,7 @@ import pytest
 
 from tightfit.errors import GGUFError
 from tightfit.quant import Q2_0, QTYPES_BY_NAME, TRAITS, row_bytes, tensor_bytes, traits
+from tightfit.quant.traits import GGML_TRAITS as TRAITS  # ggml types only: the oracles know no others  # noqa: E402,F811
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 SPEC = SHARED / "spec" / "quant-formats.md"

@@ -82,13 +82,18 @@ TRAITS: dict[int, QuantTraits] = {
     tid: QuantTraits(name, tid, bs, ts, _gguf_can_dequantize(tid, ts))
     for name, tid, bs, ts in _TABLE
 }
-QTYPES_BY_NAME: dict[str, int] = {t.name: t.type_id for t in TRAITS.values()}
+#: tightfit's own types (not ggml's): outside oracles (gguf-py, llama.cpp) know only the rest.
+TIGHTFIT_ONLY = frozenset({3064, 3128, 3256})
+GGML_TRAITS: dict[int, QuantTraits] = {k: v for k, v in TRAITS.items() if k not in TIGHTFIT_ONLY}
+#: ggml type names (the ones a user may ask the generator/quantizer for)
+QTYPES_BY_NAME: dict[str, int] = {t.name: t.type_id for t in GGML_TRAITS.values()}
+_ALL_BY_NAME: dict[str, int] = {t.name: t.type_id for t in TRAITS.values()}
 
 
 def traits(qtype: QTypeLike) -> QuantTraits:
     """Traits of a type given as enum member, int id or (case-insensitive) name."""
     if isinstance(qtype, str):
-        tid = QTYPES_BY_NAME.get(qtype.strip().upper())
+        tid = _ALL_BY_NAME.get(qtype.strip().upper())
         if tid is None:
             raise GGUFError(f"unknown quantization type name {qtype!r}; known: "
                             f"{', '.join(sorted(QTYPES_BY_NAME))}")
