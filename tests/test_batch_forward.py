@@ -202,3 +202,72 @@ def test_qk_prep_block_matches_step_reference():
         A.qk_prep_ref(qg[i], k[i], v[i], qn, kn, cos, sin, kc2, vc2, qo, status, 1e-6)
         assert torch.allclose(qo, q[i], atol=1e-6)
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+
+def _rel(a, b):
+    a, b = np.asarray(a.detach().cpu(), np.float64), np.asarray(b.detach().cpu(), np.float64)
+    return float(np.abs(a - b).max() / (np.abs(b).max() + 1e-30))
+
+
+@pytest.fixture(scope="module")
+def tiny_block_runs(tiny):
+    """One verify block (7 tokens after a 5-token prefix, GDN chunks of 3: the block spans three
+    chunks) committed at every j, each against the reference fed prefix + block[:j]."""
+    ref, exe = ReferenceModel.from_model_file(tiny), _exe(tiny, gdn_chunk=3)
+    rng = np.random.default_rng(21)
+    prefix = rng.integers(0, tiny.config.n_vocab, 5).tolist()
+    block = rng.integers(0, tiny.config.n_vocab, 7).tolist()
+    return ref, exe, prefix, block
+
+
+@pytest.mark.parametrize("j", [1, 3, 4, 7])
+def test_forward_block_commit_f32_strict(tiny_block_runs, j):
+    """Both sides float32 (F32 weights, fp32 state; K/V fp16 on both sides): after
+    forward_block + commit(j) the executor's state equals the reference's after prefix +
+    block[:j] to fp32 rounding (recurrent conv/ssm state of every GDN block, position, bank), the
+    block's logit rows equal the reference's, and the next tokens' logits too. Bounds are a few
+    times the fp32 summation-order noise of these shapes (observed <= 4e-7); a wrong state row,
+    an off-by-one in the kept state or conv window, or a stale KV row gives >= 1e-2."""
+    ref, exe, prefix, block = tiny_block_runs
+    rs, gs = ref.new_state(64), exe.new_state(64)
+    exe.forward(prefix, gs, logits="none")
+    ref.forward(prefix, rs, logits="none")
+    a0 = int(gs.status[0])
+    blk = exe.forward_block(block, gs)
+    assert gs.pos == 5 and int(gs.status[0]) == a0 and int(gs.status[2]) == 5
+    want_rows = ref.forward(block[:j], rs, logits="all")
+    assert _rel(blk.logits[:j], want_rows) < 2e-6
+    blk.commit(j)
+    assert gs.pos == rs.pos == 5 + j and int(gs.status[2]) == 5 + j
+    assert int(gs.status[0]) == 1 - a0
+    sg, sr = gs.snapshot(), rs.snapshot()
+    assert len(sg.conv) == len(sr.conv) > 0
+    for cg, cr in zip(sg.conv, sr.conv):
+        assert cg.dtype == cr.dtype == torch.float32
+        assert _rel(cg, cr) < 2e-6
+    for mg, mr in zip(sg.ssm, sr.ssm):
+        assert mg.dtype == mr.dtype == torch.float32
+        assert _rel(mg, mr) < 2e-6
+    # the rejected tokens' KV rows are overwritten by what follows
+    nxt = [block[(j + 3) % 7], 17, 4]
+    got, want = exe.forward(nxt[:1], gs, logits="last"), ref.forward(nxt[:1], rs, logits="last")
+    assert _rel(got, want) < 2e-6
+    got, want = exe.forward(nxt[1:], gs, logits="all"), ref.forward(nxt[1:], rs, logits="all")
+    assert _rel(got, want) < 2e-6
+
+
+def test_forward_block_commit_equals_short_forward(tiny_block_runs):
+    """commit(j) rebuilds the state after token j-1 from the kept K/U/decays; running the batched
+    path on block[:j] from the same start must give the same state (same kernels, same chunk
+    starts): equal to 1e-6 (at a chunk end, a chunk start, mid-chunk)."""
+    ref, exe, prefix, block = tiny_block_runs
+    for j in (2, 3, 4):
+        s1, s2 = exe.new_state(64), exe.new_state(64)
+        for s in (s1, s2):
+            exe.forward(prefix, s, logits="none")
+        exe.forward_block(block, s1).commit(j)
+        exe.forward(block[:j], s2, logits="none")
+        n1, n2 = s1.snapshot(), s2.snapshot()
+        assert s1.pos == s2.pos == 5 + j
+        for x, y in zip(n1.conv + n1.ssm, n2.conv + n2.ssm):
+            assert _rel(x, y) < 1e-6, j

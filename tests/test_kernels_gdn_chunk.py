@@ -95,14 +95,74 @@ def test_causal_conv(n):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fla-core runs on the GPU only")
-def test_fla_matches_torch():                                          # pragma: no cover
+def test_fla_matches_recurrence():                                     # pragma: no cover
     if not GC._fla_available():
         pytest.skip("fla-core not installed")
     q, k, v, g, b, S0 = (t.cuda() for t in _inputs(300, 4, 64, 64, torch.float32, 9))
-    o1, s1, _ = GC.chunk_gdn_torch(q, k, v, g, b, S0)
+    o0, s0, _ = GC.gdn_recurrent_ref(*(t.double() for t in (q, k, v, g, b, S0)))
     o2, s2, _ = GC.chunk_gdn_fla(q, k, v, g, b, S0)
+    assert (o2.double() - o0).abs().max() < 2e-2 * o0.abs().max()
+    assert (s2.double() - s0).abs().max() < 2e-2 * s0.abs().max()
+    o1, s1, _ = GC.chunk_gdn_torch(q, k, v, g, b, S0)
     assert (o1 - o2).abs().max() < 2e-2 * o1.abs().max()
-    assert (s1 - s2).abs().max() < 2e-2 * s1.abs().max()
+
+
+def _fake_fla_060(calls):
+    """A stand-in with fla-core 0.6.0's documented contract (read from its wheel, not its code):
+    q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; initial_state [N, HV, K, V]; V head hv
+    reads q/k head hv // (HV // H); `scale` multiplies q; passing head_first at all raises.
+    Computes with the float64 token loop, written here on the [B, T, H, ...] layout."""
+    def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
+                               output_final_state=False, use_qk_l2norm_in_kernel=False,
+                               use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                               state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+                               chunk_indices=None, cp_context=None, **kwargs):
+        calls.append(sorted(kwargs))
+        if "head_first" in kwargs:
+            raise DeprecationWarning("head_first has been removed. Inputs must be in "
+                                     "`[B, T, H, ...]` format.")
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        assert k.shape == q.shape and v.shape[:2] == (B, T) and HV % H == 0
+        assert g.shape == beta.shape == (B, T, HV)
+        assert initial_state.shape == (B, HV, K, V) and not state_v_first
+        scale = K ** -0.5 if scale is None else scale
+        S = initial_state.double().clone()
+        o = torch.empty(B, T, HV, V, dtype=torch.float64)
+        for t in range(T):
+            for hv in range(HV):
+                h = hv // (HV // H)
+                qt, kt = q[:, t, h].double() * scale, k[:, t, h].double()
+                S[:, hv] *= torch.exp(g[:, t, hv].double())[:, None, None]
+                u = beta[:, t, hv, None].double() * (v[:, t, hv].double()
+                                                     - torch.einsum("bk,bkv->bv", kt, S[:, hv]))
+                S[:, hv] += kt[:, :, None] * u[:, None, :]
+                o[:, t, hv] = torch.einsum("bk,bkv->bv", qt, S[:, hv])
+        return o.to(q.dtype), (S.float() if output_final_state else None)
+    return chunk_gated_delta_rule
+
+
+def test_fla_call_contract(monkeypatch):
+    """chunk_gdn_fla against fla-core 0.6.0's API (head_first removed, [B, T, H, ...] inputs),
+    through a stand-in module: the result must equal the recurrence (CPU, float32)."""
+    import sys
+    import types
+    calls = []
+    mod = types.ModuleType("fla.ops.gated_delta_rule")
+    mod.chunk_gated_delta_rule = _fake_fla_060(calls)
+    for name in ("fla", "fla.ops"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "fla.ops.gated_delta_rule", mod)
+    q, k, v, g, b, S0 = _inputs(11, 4, 8, 6, torch.float32, 3)
+    o0, s0, _ = GC.gdn_recurrent_ref(*(t.double() for t in (q, k, v, g, b, S0)))
+    o, s, kept = GC.chunk_gdn_fla(q, k, v, g, b, S0)
+    assert calls == [[]] and kept is None
+    assert o.shape == (11, 4, 6) and s.shape == (4, 8, 6)
+    assert (o.double() - o0).abs().max() < 1e-5 * o0.abs().max()
+    assert (s.double() - s0).abs().max() < 1e-5 * s0.abs().max()
+    # an older release whose signature still names head_first gets head_first=False
+    assert GC._fla_kwargs(lambda q, k, v, g, beta, head_first=True: None) == {"head_first": False}
+    assert GC._fla_kwargs(mod.chunk_gated_delta_rule) == {}
 
 
 def test_workspace_estimate_positive():

@@ -4,7 +4,7 @@ matmul. Fresh random blocks (valid fp16 scales written into random bytes), outpu
 NaN. The Triton kernels run under TRITON_INTERPRET=1 (prmt emulated).
 
 Bounds:
-- torch decoders: bit-exact with the NumPy reference;
+- torch decoders and the Triton tile decoders (fp32 out): bit-exact with the NumPy reference;
 - Triton paths vs the reference fed the same bf16-rounded x and W: 1e-5 relative (only fp32
   summation order differs; a decoding or layout bug gives O(1));
 - Triton paths vs the float reference: 1.5e-2 relative (bf16 rounding of x and W);
@@ -62,6 +62,27 @@ def test_torch_decoders_bit_exact(t):
     want = dequantize(w.reshape(-1), t, (5, n_in))
     got = dequant_rows(torch.from_numpy(w.copy()), t, n_in).numpy()
     assert np.array_equal(got, want)
+
+
+def test_fused_types():
+    """Every format of the 27B mixes (and IQ2_XXS) has a fused tile decoder."""
+    assert set(SEED_MIX) | {16} <= set(FUSED_TYPES)
+
+
+@interp
+@pytest.mark.parametrize("t", sorted(FUSED_TYPES))
+def test_tile_decoder_bit_exact(t):
+    """gemm_q_decode.decode_tile (through the dequant kernel, fp32 out) == NumPy dequantize,
+    bit for bit: element order, field offsets, sign parity, scale arithmetic. 16 rows x 2 K steps
+    of random blocks (IQ2_XS: 1,024 random 7-bit sign indices)."""
+    from tightfit.kernels.gemm_q import dequant_chunk
+    rng = np.random.default_rng(200 + t)
+    n_out, n_in = 16, 512
+    w = rand_w(rng, t, n_out, n_in)
+    out = torch.full((n_out, n_in), float("nan"))
+    got = dequant_chunk(torch.from_numpy(w.reshape(-1).copy()), t, n_in, 0, n_out, out=out,
+                        use_triton=True).numpy()
+    assert np.array_equal(got, dequantize(w.reshape(-1), t, (n_out, n_in)))
 
 
 @interp
@@ -128,6 +149,8 @@ def test_errors():
     with pytest.raises(ValueError):
         gemm_q(torch.zeros(4, 128), w, 23, 10, 256)
     with pytest.raises(ValueError):
-        gemm_q(x, w, 10, 10, 256, mode="fused")      # Q2_K has no fused kernel
+        gemm_q(x, w, 10, 10, 256, mode="fused")      # Q2_K: 84 bytes per 256, not 136
+    with pytest.raises(ValueError):
+        gemm_q(x, torch.zeros(10 * 66, dtype=torch.uint8), 35, 10, 256, mode="fused")  # TQ2_0
     with pytest.raises(ValueError):
         gemm_q(x, w, 23, 10, 256, mode="nope")

@@ -10,8 +10,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", help="qwen35 GGUF file (default: the built-in random demo model)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    p.add_argument("--kv-type", "-ctk", default="f16", choices=["f16", "f32"],
-                   help="KV cache element type (default f16, as llama.cpp)")
+    p.add_argument("--kv-type", "-ctk", default="f16", type=str.lower, metavar="TYPE",
+                   help="KV cache type: f16 (default, as llama.cpp), f32, or quantized (CPU path): "
+                        "q8_0, tq4, tq3, tq2, tq4_128, tq3_128, or <k>+<v> such as q8_0+tq3")
+    p.add_argument("--vram", default=None, metavar="SIZE|auto",
+                   help="GPU memory budget for --device cuda (e.g. 16GiB, 7.6GB, auto = what the "
+                        "device reports free): weights go into one arena planned to fit, the rest "
+                        "stays on the host (see `tightfit plan`)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
 
 
@@ -52,4 +57,5 @@ def load_from_args(a: argparse.Namespace):
     if a.threads:
         import torch
         torch.set_num_threads(a.threads)
-    return load_engine(resolve_model(a), device=a.device, n_ctx=a.ctx_size, kv_type=a.kv_type)
+    kw = {"vram": a.vram} if getattr(a, "vram", None) else {}
+    return load_engine(resolve_model(a), device=a.device, n_ctx=a.ctx_size, kv_type=a.kv_type, **kw)

@@ -1,7 +1,9 @@
 """`tightfit serve`: the OpenAI-compatible HTTP server (llama-server's routes and conventions).
 
 The socket is bound and /health answers 503 while the model loads; a load failure prints one
-line and exits non-zero."""
+line and exits non-zero. `--spec ngram,suffix[,mtp]` serves through a SpeculativeEngine
+(tightfit.runtime.spec) with one SuffixCache for all requests; responses' timings then carry
+draft_n / draft_n_accepted and /metrics the llamacpp:spec_decode_* counters."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +26,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="prompt-cache budget in host RAM, MiB (default 2048; 0 = off)")
     p.add_argument("--queue", type=int, default=64,
                    help="requests that may wait while one generates (default 64; more get 503)")
+    p.add_argument("--spec", default=None, metavar="DRAFTERS",
+                   help="speculative decoding with these drafters, comma-separated: ngram, suffix, "
+                        "mtp (the model's own MTP head); the suffix cache is shared by all requests")
+    p.add_argument("--draft-max", type=int, default=8, metavar="N",
+                   help="with --spec: most drafted tokens per verify round (default 8)")
+    p.add_argument("--draft-mtp", type=int, default=3, metavar="N",
+                   help="with --spec mtp: most tokens the MTP head drafts per round (default 3)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=main)
 
@@ -44,6 +53,14 @@ def main(a: argparse.Namespace) -> int:
         raise UserError(f"--queue must be >= 0, got {a.queue}")
     if a.ctx_size is not None and a.ctx_size < 2:
         raise UserError(f"--ctx-size must be >= 2, got {a.ctx_size}")
+    drafters = None
+    if a.spec is not None:
+        from tightfit.runtime.spec import parse_drafters
+        drafters = parse_drafters(a.spec)
+        if a.draft_max < 1:
+            raise UserError(f"--draft-max must be >= 1, got {a.draft_max}")
+        if a.draft_mtp < 1:
+            raise UserError(f"--draft-mtp must be >= 1, got {a.draft_mtp}")
     path = resolve_model(a)
     if not os.path.exists(path):
         raise UserError(f"model file not found: {path}")
@@ -59,7 +76,14 @@ def main(a: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = create_app(loader=lambda: load_engine(path, device=a.device, n_ctx=a.ctx_size),
+    def loader():
+        engine = load_engine(path, device=a.device, n_ctx=a.ctx_size)
+        if drafters is None:
+            return engine
+        from tightfit.runtime.spec import build_speculative
+        return build_speculative(engine, drafters, max_draft=a.draft_max, mtp_draft=a.draft_mtp)
+
+    app = create_app(loader=loader,
                      model_id=a.alias, api_key=a.api_key or os.environ.get("TIGHTFIT_API_KEY"),
                      queue_size=a.queue, cache_bytes=a.cache_ram << 20, on_load_error=on_load_error)
     config = uvicorn.Config(app, log_level=a.log_level, lifespan="on", timeout_graceful_shutdown=5)

@@ -184,16 +184,33 @@ def _fla_available() -> bool:
         return False
 
 
-def chunk_gdn_fla(q, k, v, g, beta, S0):
-    """fla-core's chunk_gated_delta_rule (GPU only); same contract as chunk_gdn_torch, keep=False."""
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    args = dict(q=q[None].contiguous(), k=k[None].contiguous(), v=v[None].contiguous(),
-                g=g[None].contiguous(), beta=beta[None].contiguous(), scale=1.0,
-                initial_state=S0[None].contiguous(), output_final_state=True)
+def _fla_kwargs(fn) -> dict:
+    """Extra keyword arguments for this fla-core version: releases before the [B, T, H, ...]-only
+    API took `head_first` (default True in some); 0.6.0 raises when it is passed at all."""
+    import inspect
     try:
-        o, st = chunk_gated_delta_rule(**args, head_first=False)
-    except TypeError:
-        o, st = chunk_gated_delta_rule(**args)
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"head_first": False} if "head_first" in params else {}
+
+
+def chunk_gdn_fla(q, k, v, g, beta, S0):
+    """fla-core's chunk_gated_delta_rule (GPU only); same contract as chunk_gdn_torch, keep=False.
+
+    fla-core 0.6.0 API: q, k [B, T, H, K], v [B, T, HV, V], g (log-space decay) and beta
+    (post-sigmoid) [B, T, HV], initial_state / final state [N, HV, K, V] (K-first, our [key,
+    value] orientation with state_v_first=False), scale applied to q (ours is already folded into
+    q: scale=1). Its GVA maps V head hv to q/k head hv // (HV / H) (grouped), while qwen35 tiles
+    (hv mod Hk, gdn_inputs): q and k go in already expanded to HV heads, so H == HV here."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    if q.shape[1] != v.shape[1]:
+        raise ValueError("chunk_gdn_fla: q/k must be expanded to the V heads (gdn_inputs)")
+    o, st = chunk_gated_delta_rule(
+        q=q[None].contiguous(), k=k[None].contiguous(), v=v[None].contiguous(),
+        g=g[None].contiguous(), beta=beta[None].contiguous(), scale=1.0,
+        initial_state=S0[None].to(torch.float32).contiguous(), output_final_state=True,
+        **_fla_kwargs(chunk_gated_delta_rule))
     return o[0].to(torch.float32), st[0].to(torch.float32), None
 
 

@@ -4,17 +4,26 @@ of any matrix is made.
 
 Two GPU paths (`gemm_q(..., mode=)`):
 
-* `fused` (default for M <= FUSED_MAX_M and the formats with a Triton decoder: IQ4_XS, Q4_K,
-  Q5_K, Q6_K, Q3_K, Q8_0): one program per (BN rows of W, BM tokens); per 256-element K step it
-  decodes the [BN, 256] weight tile straight from the GGUF blocks with GEMV v2's decoders
-  (tightfit.kernels.gemv2_decode: int8 codes + per-16/32 scales, Q4_K/Q5_K mins), scales it to
-  bf16 in registers and accumulates tl.dot(x_tile, w_tile^T) in fp32. IQ4_XS codes come out in
-  the lookup order of each 32 (gemv2_act.perm_table(1)); the x tile is gathered in that order.
-* `dequant` (larger M, and every other format): the rows of W are decoded chunk by chunk into a
-  bf16 scratch [chunk_rows, n_in] (a Triton decode kernel for the formats above; torch ops of
-  gemm_q_torch for Q2_K, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, ...), then torch.mm (cuBLAS)
-  with fp32 output. The decode reads the weights once per chunk call; at M >= 256 the matmul
-  dominates.
+* `fused` (default for M <= FUSED_MAX_M and the formats with a Triton tile decoder: IQ4_XS,
+  Q4_K, Q5_K, Q6_K, Q3_K, Q8_0, IQ4_NL, Q2_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, with
+  n_in % 256 == 0): one program per (BN rows of W, BM tokens); per 256-element K step it decodes
+  the [BN, 256] weight tile straight from the GGUF blocks (gemm_q_decode.decode_tile: GEMV v2's
+  decoders for the K-quants and Q8_0, element-order kvalues lookup for IQ4_XS/IQ4_NL, small
+  device grid tables for the IQ2/IQ3 grids), rounds it to bf16 in registers and accumulates
+  tl.dot(x_tile, w_tile^T) in fp32. Every decoder emits element order: x loads are vectors.
+* `dequant` (larger M; other formats): the rows of W are decoded chunk by chunk into a bf16
+  scratch [chunk_rows, n_in] (the same Triton tile decoders; torch ops of gemm_q_torch for any
+  other format or n_in % 256 != 0), then torch.mm (cuBLAS) with fp32 output. The decode reads
+  the weights once per chunk call; at M >= 256 the matmul dominates.
+
+Tile config (`fused_config`): BN = 64 rows x BM = 16/32/64 tokens, 8 warps, the Q4_K choice that
+measured 128 TFLOP/s at M = 512 on the H200 (bench/RESULTS.md). IQ4_XS with the same tile gave 24:
+the cause was not the tile but its x loads (the old decoder emitted lookup order, so x was gathered
+per element with scalar 2-byte loads, 64 per thread per K step); its element-order decoder now
+costs ~4 ALU ops per word more than Q4_K's nibble split and no gather, so it takes Q4_K's tile.
+The grid formats build their tile from table words, bytes and sign bits (several [BN, 256] int32
+temporaries besides the fp32 tile): BN = 32 halves their registers per thread (unmeasured choice;
+`config=` overrides, bench/prefill.py reports TFLOP/s per format).
 
 Scratch (the planner's prefill scratch line): `scratch_bytes` (default DEFAULT_SCRATCH = 64 MiB)
 of bf16 per call for the dequant path; chunk_rows = scratch_bytes / (2 n_in). The torch decoders
@@ -35,44 +44,18 @@ import torch
 import triton
 import triton.language as tl
 
-from tightfit.kernels.gemv2_act import _perm
-from tightfit.kernels.gemv2_decode import dec_iq4xs, dec_q45k, dec_q6k, dec_q3k, dec_q8_0
-from tightfit.kernels.gemv2_layout import FORMATS
+from tightfit.kernels.gemm_q_decode import DECODE_TYPES, TILE_BYTES, decode_tile, grid_tables
 from tightfit.kernels.gemm_q_torch import FLOAT_VIEWS, dequant_rows, decode_temp_factor
 
-FUSED_TYPES = frozenset(FORMATS)          # 23 IQ4_XS, 12 Q4_K, 13 Q5_K, 14 Q6_K, 11 Q3_K, 8 Q8_0
+# IQ4_XS, Q4_K, Q5_K, Q6_K, Q3_K, Q8_0, IQ4_NL, Q2_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S
+FUSED_TYPES = DECODE_TYPES
 FUSED_MAX_M = int(os.environ.get("TIGHTFIT_GEMM_FUSED_MAX_M", "64"))
 DEFAULT_SCRATCH = 64 << 20
-_ROW_BYTES = {t: f[1] * (256 // f[2]) for t, f in FORMATS.items()}   # bytes per 256 elements
+_ROW_BYTES = TILE_BYTES                   # bytes per 256 elements
 
 
 def _interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-@triton.jit
-def _decode_tile(w_ptr, blk, m, FMT: tl.constexpr, EMU: tl.constexpr):
-    """[R, 256] fp32 weights of blocks `blk` ([R, 1] int64), in the decoder's element order."""
-    R: tl.constexpr = blk.shape[0]
-    S: tl.constexpr = 16 if (FMT == 14 or FMT == 11) else 32
-    NG: tl.constexpr = 256 // S
-    MINS: tl.constexpr = FMT == 12 or FMT == 13
-    if FMT == 23:
-        A, ws = dec_iq4xs(w_ptr, blk, m, 0, 0, 0, False, EMU)
-    elif FMT == 12:
-        A, ws, mins = dec_q45k(w_ptr, blk, m, 0, 0, 0, 0, False, False)
-    elif FMT == 13:
-        A, ws, mins = dec_q45k(w_ptr, blk, m, 0, 0, 0, 0, True, False)
-    elif FMT == 14:
-        A, ws = dec_q6k(w_ptr, blk, m, 0, 0, 0, 0, False)
-    elif FMT == 11:
-        A, ws = dec_q3k(w_ptr, blk, m, 0, 0, 0, 0, False)
-    else:
-        A, ws = dec_q8_0(w_ptr, blk, m, 0, 0, False)
-    W = tl.reshape(A.to(tl.float32), (R, NG, S)) * ws[:, :, None]
-    if MINS:
-        W = W - mins[:, :, None]
-    return tl.reshape(W, (R, 256))
 
 
 @triton.jit
@@ -88,17 +71,7 @@ def _bf16(x, EMU: tl.constexpr):
 
 
 @triton.jit
-def _cols(FMT: tl.constexpr):
-    """Element (column inside the 256-block) held at each decoded position."""
-    e = tl.arange(0, 256)
-    if FMT == 23:
-        return (e // 32) * 32 + _perm(e % 32, 1)
-    else:
-        return e
-
-
-@triton.jit
-def _gemm_fused_kernel(x_ptr, w_ptr, out_ptr, M, N, NB, sxm, som,
+def _gemm_fused_kernel(x_ptr, w_ptr, tg, out_ptr, M, N, NB, sxm, som,
                        FMT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                        EMU: tl.constexpr):
     pid_n = tl.program_id(0)
@@ -107,12 +80,12 @@ def _gemm_fused_kernel(x_ptr, w_ptr, out_ptr, M, N, NB, sxm, som,
     rmask = (rows < N)[:, None]
     toks = pid_m * BM + tl.arange(0, BM)
     tmask = (toks < M)[:, None]
-    col = _cols(FMT)[None, :]
+    col = tl.arange(0, 256)[None, :]
     xrow = x_ptr + toks.to(tl.int64)[:, None] * sxm
     acc = tl.zeros([BM, BN], tl.float32)
     for kb in range(NB):
         blk = (rows.to(tl.int64) * NB + kb)[:, None]
-        W = _bf16(_decode_tile(w_ptr, blk, rmask, FMT, EMU), EMU)        # [BN, 256]
+        W = _bf16(decode_tile(w_ptr, blk, rmask, tg, FMT, EMU), EMU)     # [BN, 256]
         X = tl.load(xrow + kb * 256 + col, mask=tmask, other=0.0)        # [BM, 256] bf16
         if EMU:   # the interpreter's bf16 dot is wrong: same bf16 values, exact fp32 products
             acc = tl.dot(X.to(tl.float32), tl.trans(W.to(tl.float32)), acc)
@@ -123,15 +96,15 @@ def _gemm_fused_kernel(x_ptr, w_ptr, out_ptr, M, N, NB, sxm, som,
 
 
 @triton.jit
-def _dequant_kernel(w_ptr, out_ptr, row0, n_rows, NB, so,
+def _dequant_kernel(w_ptr, tg, out_ptr, row0, n_rows, NB, so,
                     FMT: tl.constexpr, R: tl.constexpr, EMU: tl.constexpr):
     pid = tl.program_id(0)
     kb = tl.program_id(1)
     rows = pid * R + tl.arange(0, R)
     rmask = (rows < n_rows)[:, None]
     blk = ((row0 + rows).to(tl.int64) * NB + kb)[:, None]
-    W = _decode_tile(w_ptr, blk, rmask, FMT, EMU)
-    col = _cols(FMT)[None, :]
+    W = decode_tile(w_ptr, blk, rmask, tg, FMT, EMU)
+    col = tl.arange(0, 256)[None, :]
     if out_ptr.dtype.element_ty == tl.bfloat16:
         W = _bf16(W, EMU)
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * so + kb * 256 + col,
@@ -156,7 +129,8 @@ def dequant_chunk(w_raw: torch.Tensor, qtype: int, n_in: int, r0: int, r1: int,
     if use_triton and t in FUSED_TYPES and n_in % 256 == 0:
         nb = n_in // 256
         R = 32
-        _dequant_kernel[(triton.cdiv(n, R), nb)](w_raw, out, r0, n, nb, out.stride(0), FMT=t, R=R,
+        _dequant_kernel[(triton.cdiv(n, R), nb)](w_raw, grid_tables(t, w_raw.device), out, r0, n,
+                                                 nb, out.stride(0), FMT=t, R=R,
                                                  EMU=_interpret() or w_raw.device.type != "cuda",
                                                  num_warps=4)
         return out
@@ -169,7 +143,7 @@ def dequant_chunk(w_raw: torch.Tensor, qtype: int, n_in: int, r0: int, r1: int,
 def chunk_rows(qtype: int, n_in: int, scratch_bytes: int = DEFAULT_SCRATCH,
                triton_decode: bool = True) -> int:
     rows = max(1, scratch_bytes // (2 * n_in))
-    if not (triton_decode and int(qtype) in FUSED_TYPES):
+    if not (triton_decode and int(qtype) in FUSED_TYPES and n_in % 256 == 0):
         rows = max(1, rows // (2 * decode_temp_factor(qtype)))
     return rows
 
@@ -182,6 +156,13 @@ def _mm_f32(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
         except (TypeError, RuntimeError):
             return torch.mm(a, b_t.t()).float()
     return torch.mm(a.float(), b_t.float().t())
+
+
+def fused_config(qtype: int, m: int) -> dict:
+    """Tile of the fused kernel for M = m tokens (module docstring)."""
+    grid = int(qtype) in (16, 17, 18, 21, 22)
+    return {"BM": 64 if m > 32 else (32 if m > 16 else 16), "BN": 32 if grid else 64,
+            "num_warps": 8}
 
 
 def pick_mode(qtype: int, m: int, n_in: int, device: torch.device) -> str:
@@ -221,7 +202,7 @@ def gemm_q(x: torch.Tensor, w_raw: torch.Tensor, qtype, n_out: int, n_in: int,
     if mode == "fused":
         if t not in FUSED_TYPES or n_in % 256:
             raise ValueError(f"gemm_q: no fused kernel for type {t} with n_in={n_in}")
-        cfg = {"BM": 64 if M > 32 else (32 if M > 16 else 16), "BN": 64, "num_warps": 8}
+        cfg = fused_config(t, M)
         cfg.update(config or {})
         xb = x.to(torch.bfloat16).contiguous()
         nb = n_in // 256
@@ -229,7 +210,8 @@ def gemm_q(x: torch.Tensor, w_raw: torch.Tensor, qtype, n_out: int, n_in: int,
             raise ValueError(f"gemm_q: w_raw has {w_raw.numel()} bytes, expected "
                              f"{n_out * nb * _ROW_BYTES[t]}")
         grid = (triton.cdiv(n_out, cfg["BN"]), triton.cdiv(M, cfg["BM"]))
-        _gemm_fused_kernel[grid](xb, w_raw, out, M, n_out, nb, xb.stride(0), out.stride(0),
+        _gemm_fused_kernel[grid](xb, w_raw, grid_tables(t, w_raw.device), out, M, n_out, nb,
+                                 xb.stride(0), out.stride(0),
                                  FMT=t, BM=cfg["BM"], BN=cfg["BN"],
                                  EMU=_interpret() or w_raw.device.type != "cuda",
                                  num_warps=cfg["num_warps"])

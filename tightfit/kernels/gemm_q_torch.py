@@ -2,9 +2,9 @@
 
 `dequant_rows(raw, qtype, n_in)` turns `raw` [rows, row_bytes] uint8 (whole rows of GGUF blocks,
 on the CPU or the GPU) into float32 [rows, n_in]. It is the batched forward's CPU path and the GPU
-path of the formats that have no Triton decode in gemm_q.py (Q2_K, IQ2_XS, IQ2_S, IQ2_XXS,
-IQ3_XXS, IQ3_S, IQ4_NL): a handful of elementwise kernels per chunk, so the intermediates are a
-few times the chunk's fp32 size (gemm_q sizes the chunks for that).
+path of what has no Triton tile decoder in gemm_q_decode.py (other formats, n_in % 256 != 0): a
+handful of elementwise kernels per chunk, so the intermediates are a few times the chunk's fp32
+size (gemm_q sizes the chunks for that).
 
 The decoding follows spec/quant-formats.md §2 exactly as tightfit/quant/dequant*.py does (the same
 field offsets and the same order of float operations: scale products first, then times the code),

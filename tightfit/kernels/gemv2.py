@@ -17,6 +17,11 @@ each program stores its rows; with split-K (few rows) partials go to a workspace
 second kernel sums.
 
 TRITON_INTERPRET runs the same kernel with an integer emulation of prmt (EMU).
+
+Small N: `config={"PATH": "dp4a"}` (or N <= SMALL_N by default) runs gemv2_small instead: dp4a on
+the same coalesced word tiles, no tensor cores, for N = 1..2 (the tensor-core path pads N to 8-16
+columns and is issue-bound there). SMALL_N = 0 until measured on the device (bench/gemv.py
+--impls v1,v2,v2n1).
 """
 from __future__ import annotations
 
@@ -29,8 +34,11 @@ import triton.language as tl
 from tightfit.kernels.gemv2_act import Act2, prep_act2, geometry
 from tightfit.kernels.gemv2_decode import dec_iq4xs, dec_q45k, dec_q6k, dec_q3k, dec_q8_0
 from tightfit.kernels.gemv2_layout import FORMATS, GROUP, MACRO, V2_TYPES, field_args
+from tightfit.kernels.gemv2_small import gemv2_small_prepared
 
 PERM = {23: 1}        # decode order of IQ4_XS inside each 32 (gemv2_act.perm_table)
+# N <= SMALL_N runs the dp4a small-N path by default (0: only when config["PATH"] == "dp4a")
+SMALL_N = 0
 
 
 @triton.jit
@@ -127,10 +135,22 @@ def pick_config2(qtype: int, n: int, n_out: int, nb: int) -> dict:
     return {"R": R, "KB": KB, "SPLIT": split, "num_warps": warps}
 
 
-def prep_for(x: torch.Tensor, qtype: int, out: Act2 | None = None) -> Act2:
+def use_small(n: int, config: dict | None = None) -> bool:
+    """Whether N columns run the dp4a small-N path (gemv2_small): config["PATH"] ("dp4a" or
+    "tc") decides, else N <= SMALL_N."""
+    path = (config or {}).get("PATH")
+    if path not in (None, "dp4a", "tc"):
+        raise ValueError(f"gemv v2: PATH={path!r}, expected 'dp4a' or 'tc'")
+    if path is None:
+        return n <= SMALL_N
+    return path == "dp4a" and n <= 2
+
+
+def prep_for(x: torch.Tensor, qtype: int, out: Act2 | None = None, with_b: bool = True) -> Act2:
     """Prepared activations for `qtype` (shareable by all v2 matrices with the same group size
-    and decode order, e.g. Q4_K/Q5_K/Q8_0 together, Q6_K/Q3_K together)."""
-    return prep_act2(x, GROUP[qtype], PERM.get(qtype, 0), out)
+    and decode order, e.g. Q4_K/Q5_K/Q8_0 together, Q6_K/Q3_K together). with_b=False: only
+    what the small-N path reads."""
+    return prep_act2(x, GROUP[qtype], PERM.get(qtype, 0), out, with_b=with_b)
 
 
 def gemv2_prepared(act: Act2, w: torch.Tensor, qtype: int, n_out: int, planar: bool = False,
@@ -145,12 +165,17 @@ def gemv2_prepared(act: Act2, w: torch.Tensor, qtype: int, n_out: int, planar: b
     if w.numel() != n_out * nb * MACRO[qtype]:
         raise ValueError(f"gemv v2: w has {w.numel()} bytes, expected "
                          f"{n_out}x{nb * MACRO[qtype]}")
-    cfg = dict(pick_config2(qtype, n, n_out, nb))
-    if config:
-        cfg.update(config)
-    geo = act.geo
     if out is None:
         out = torch.empty((n, n_out), dtype=torch.float32, device=w.device)
+    emu = _interpret() or w.device.type != "cuda"
+    if use_small(n, config):
+        return gemv2_small_prepared(act, w, qtype, n_out, planar, out, config, emu)
+    if not act.has_b:
+        raise ValueError("gemv v2: activations were prepared without b (small-N path only)")
+    cfg = dict(pick_config2(qtype, n, n_out, nb))
+    if config:
+        cfg.update({k: v for k, v in config.items() if k != "PATH"})
+    geo = act.geo
     split = cfg["SPLIT"]
     dst = out if split == 1 else torch.empty((split, n, n_out), dtype=torch.float32,
                                              device=w.device)
@@ -159,7 +184,7 @@ def gemv2_prepared(act: Act2, w: torch.Tensor, qtype: int, n_out: int, planar: b
     gemv2_kernel[grid](w, act.b, act.xs, act.xsum, dst, n, n_out, nb, P[0], P[1], P[2], P[3],
                        FMT=qtype, PLANAR=bool(planar), NP=geo["NP"], S=geo["S"],
                        GPD=geo["GPD"], KDOT=geo["KDOT"], R=cfg["R"], KB=cfg["KB"],
-                       SPLIT=split, EMU=_interpret() or w.device.type != "cuda",
+                       SPLIT=split, EMU=emu,
                        num_warps=cfg["num_warps"])
     if split > 1:
         total = n * n_out
@@ -177,8 +202,9 @@ def gemv2(x: torch.Tensor, w: torch.Tensor, qtype: int, n_out: int, n_in: int,
         x = x[None, :]
     if x.shape[1] != n_in:
         raise ValueError(f"gemv v2: x has {x.shape[1]} columns, expected {n_in}")
-    act = prep_for(x, int(qtype))
+    act = prep_for(x, int(qtype), with_b=not use_small(x.shape[0], config))
     return gemv2_prepared(act, w, qtype, n_out, planar=planar, out=out, config=config)
 
 
-__all__ = ["gemv2", "gemv2_prepared", "prep_for", "pick_config2", "V2_TYPES", "FORMATS"]
+__all__ = ["gemv2", "gemv2_prepared", "prep_for", "pick_config2", "use_small", "SMALL_N",
+           "V2_TYPES", "FORMATS"]

@@ -18,6 +18,9 @@ Buffers per 256-element macro-block kb (nkb = K/256):
                                 in the weight decode order (PERM: 0 natural; 1 IQ4 lookup order)
   xs   fp32  [nkb, 256/S, NP]   x scale of each weight group (0 for padded columns)
   xsum fp32  [nkb, 8, NP]       d * sum(q) per 32 (for the Q4_K/Q5_K min term)
+  q    int8  [N, K]             the int8 activations, each 32 in the decode order (PERM), as the
+                                dp4a small-N path (gemv2_small) reads them as words
+`with_b=False` skips b (the small-N path does not read it).
 """
 from __future__ import annotations
 
@@ -57,24 +60,35 @@ def _perm(r, PERM: tl.constexpr):
 
 
 @triton.jit
+def _iperm(e, PERM: tl.constexpr):
+    """Inverse of _perm: element (0..31) -> its position in the decode order."""
+    if PERM == 0:
+        return e
+    else:
+        ep = e % 16
+        return 4 * (2 * (ep // 4) + (ep % 4) // 2) + 2 * (ep % 2) + e // 16
+
+
+@triton.jit
 def _prep_kernel(x_ptr, q_ptr, b_ptr, xs_ptr, xsum_ptr, N, K,
                  NP: tl.constexpr, S: tl.constexpr, GPD: tl.constexpr, KDOT: tl.constexpr,
-                 PERM: tl.constexpr):
+                 PERM: tl.constexpr, WITHB: tl.constexpr):
     kb = tl.program_id(0)
     COLS: tl.constexpr = GPD * NP
-    # phase 1: quantize the macro-block for all columns, write q (natural order) to scratch
+    # phase 1: quantize the macro-block for all columns, write q (decode order) to q_ptr
     n3 = tl.arange(0, NP)[:, None, None]
     j3 = tl.arange(0, 8)[None, :, None]
     e3 = tl.arange(0, 32)[None, None, :]
     off3 = n3 * K + kb * 256 + j3 * 32 + e3
     x = tl.load(x_ptr + off3, mask=n3 < N, other=0.0).to(tl.float32)
+    qoff3 = n3 * K + kb * 256 + j3 * 32 + _iperm(e3, PERM)
     amax = tl.max(tl.abs(x), axis=2)                              # [NP, 8]
     d = amax / 127.0
     inv = tl.where(amax > 0, 127.0 / tl.where(amax > 0, amax, 1.0), 0.0)
     v = x * inv[:, :, None]
     q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(-v + 0.5))
     q = tl.minimum(tl.maximum(q, -127.0), 127.0).to(tl.int32)
-    tl.store(q_ptr + off3, q.to(tl.int8), mask=n3 < N)
+    tl.store(q_ptr + qoff3, q.to(tl.int8), mask=n3 < N)
     s32 = tl.sum(q, axis=2).to(tl.float32)                        # [NP, 8]
     n2 = tl.arange(0, NP)[:, None]
     j2 = tl.arange(0, 8)[None, :]
@@ -84,21 +98,27 @@ def _prep_kernel(x_ptr, q_ptr, b_ptr, xs_ptr, xsum_ptr, N, K,
     else:
         tl.store(xs_ptr + kb * 16 * NP + (2 * j2) * NP + n2, d)
         tl.store(xs_ptr + kb * 16 * NP + (2 * j2 + 1) * NP + n2, d)
-    tl.debug_barrier()    # phase 2 reads q written by other threads of this program
-    # phase 2: block-diagonal B rows of this macro-block
-    p = tl.arange(0, 256)[:, None]
-    col = tl.arange(0, COLS)[None, :]
-    gi = col // NP
-    n = col % NP
-    elem = 32 * (p // 32) + _perm(p % 32, PERM)
-    cond = ((elem // S) == (p // KDOT) * GPD + gi) & (n < N)
-    val = tl.load(q_ptr + n * K + kb * 256 + elem, mask=cond, other=0)
-    tl.store(b_ptr + kb * 256 * COLS + (p // KDOT) * (KDOT * COLS) + col * KDOT + p % KDOT, val)
+    if WITHB:
+        tl.debug_barrier()    # phase 2 reads q written by other threads of this program
+        # phase 2: block-diagonal B rows of this macro-block (q is already in decode order p)
+        p = tl.arange(0, 256)[:, None]
+        col = tl.arange(0, COLS)[None, :]
+        gi = col // NP
+        n = col % NP
+        elem = 32 * (p // 32) + _perm(p % 32, PERM)
+        cond = ((elem // S) == (p // KDOT) * GPD + gi) & (n < N)
+        val = tl.load(q_ptr + n * K + kb * 256 + p, mask=cond, other=0)
+        tl.store(b_ptr + kb * 256 * COLS + (p // KDOT) * (KDOT * COLS) + col * KDOT + p % KDOT,
+                 val)
 
 
 class Act2:
     """Prepared activations for GEMV v2 (see module docstring)."""
     __slots__ = ("b", "xs", "xsum", "q", "n", "k", "geo", "perm")
+
+    @property
+    def has_b(self) -> bool:
+        return self.b.numel() > 1     # a 1-byte placeholder when prepared without b
 
     def __init__(self, b, xs, xsum, q, n, k, geo, perm):
         self.b, self.xs, self.xsum, self.q = b, xs, xsum, q
@@ -108,9 +128,10 @@ class Act2:
         return self.geo["S"] == S and self.perm == perm
 
 
-def prep_act2(x: torch.Tensor, S: int, perm: int, out: Act2 | None = None) -> Act2:
+def prep_act2(x: torch.Tensor, S: int, perm: int, out: Act2 | None = None,
+              with_b: bool = True) -> Act2:
     """Quantize x [N, K] (K a multiple of 256, N <= 16) into the B operand for scale-group size
-    S and decode order perm."""
+    S and decode order perm (`with_b=False`: q, xs, xsum only, for the dp4a small-N path)."""
     if x.dim() == 1:
         x = x[None, :]
     x = x.contiguous()
@@ -120,15 +141,17 @@ def prep_act2(x: torch.Tensor, S: int, perm: int, out: Act2 | None = None) -> Ac
     geo = geometry(S, n)
     nkb = k // 256
     NP, COLS = geo["NP"], geo["COLS"]
-    if out is None or out.n != n or out.k != k or not out.fits(S, perm):
+    if (out is None or out.n != n or out.k != k or not out.fits(S, perm)
+            or (with_b and not out.has_b)):
         dev = x.device
-        out = Act2(torch.empty((nkb, 256 // geo["KDOT"], COLS, geo["KDOT"]), dtype=torch.int8,
-                               device=dev),
+        bshape = (nkb, 256 // geo["KDOT"], COLS, geo["KDOT"]) if with_b else (1,)
+        out = Act2(torch.empty(bshape, dtype=torch.int8, device=dev),
                    torch.empty((nkb, 256 // S, NP), dtype=torch.float32, device=dev),
                    torch.empty((nkb, 8, NP), dtype=torch.float32, device=dev),
                    torch.empty((n, k), dtype=torch.int8, device=dev), n, k, geo, perm)
     _prep_kernel[(nkb,)](x, out.q, out.b, out.xs, out.xsum, n, k,
-                         NP=NP, S=S, GPD=geo["GPD"], KDOT=geo["KDOT"], PERM=perm, num_warps=4)
+                         NP=NP, S=S, GPD=geo["GPD"], KDOT=geo["KDOT"], PERM=perm,
+                         WITHB=bool(with_b), num_warps=4)
     return out
 
 

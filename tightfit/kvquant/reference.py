@@ -127,6 +127,20 @@ def quantize(x: torch.Tensor, fmt: KVQuantFormat | str, seed: int = DEFAULT_SEED
     return out.view(*lead, fmt.row_bytes(D))
 
 
+def codes_and_scales(rows: torch.Tensor, fmt: KVQuantFormat, D: int,
+                     dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 [N, row_bytes] -> (code values [N, D/G, G]: codebook levels C[idx] (rotated domain)
+    or q8_0's int8 codes, block scales [N, D/G]), both in `dtype`; value = code * scale."""
+    N, G, cb_bytes = rows.shape[0], fmt.group, fmt.codes_bytes(D)
+    scale = rows[:, cb_bytes:].contiguous().view(torch.float16).to(dtype)     # [N, D/G]
+    if fmt.rotate:
+        idx = _unpack(rows[:, :cb_bytes], fmt.bits, D)
+        vals = fmt.codebook().to(dtype=dtype, device=rows.device)[idx]
+    else:
+        vals = rows[:, :cb_bytes].contiguous().view(torch.int8).to(dtype)
+    return vals.view(N, D // G, G), scale
+
+
 def dequantize(rows: torch.Tensor, fmt: KVQuantFormat | str, D: int, seed: int = DEFAULT_SEED,
                rotated: bool = False, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """uint8 [..., row_bytes] -> [..., D] in `dtype`. rotated=True returns TurboQuant rows in the
@@ -134,14 +148,9 @@ def dequantize(rows: torch.Tensor, fmt: KVQuantFormat | str, D: int, seed: int =
     fmt = get_format(fmt) if isinstance(fmt, str) else fmt
     lead = rows.shape[:-1]
     r = rows.reshape(-1, rows.shape[-1])
-    N, G, cb_bytes = r.shape[0], fmt.group, fmt.codes_bytes(D)
-    scale = r[:, cb_bytes:].contiguous().view(torch.float16).to(dtype)        # [N, D/G]
-    if fmt.rotate:
-        idx = _unpack(r[:, :cb_bytes], fmt.bits, D)
-        vals = fmt.codebook().to(dtype=dtype, device=r.device)[idx]
-    else:
-        vals = r[:, :cb_bytes].contiguous().view(torch.int8).to(dtype)
-    y = (vals.view(N, D // G, G) * scale[..., None]).view(N, D)
+    N = r.shape[0]
+    vals, scale = codes_and_scales(r, fmt, D, dtype)
+    y = (vals * scale[..., None]).view(N, D)
     if fmt.rotate and not rotated:
         y = y @ rotation_matrix(D, seed, dtype, r.device)          # x_row = y_row R
     return y.view(*lead, D)
@@ -198,6 +207,56 @@ def attention_quant_f64(q: torch.Tensor, kcache: torch.Tensor, vcache: torch.Ten
     return attention_f64(q.cpu(), K, V, None if gate is None else gate.cpu())
 
 
+# ---- causal attention over the byte cache (the CPU runtime path) -------------------------------
+ATTN_TILE = 1024      # cache rows decoded at once: bounds the temporaries, never a full copy
+
+
+def _tile_values(rows: torch.Tensor, fmt: KVQuantFormat, D: int, dtype: torch.dtype) -> torch.Tensor:
+    """Byte rows [t, Hkv, row_bytes] -> [t, Hkv, D] code x block scale, in the ROTATED domain for
+    codebook formats (what the kernel decodes in registers; no un-rotation)."""
+    t, Hkv = rows.shape[:2]
+    vals, scale = codes_and_scales(rows.reshape(t * Hkv, -1), fmt, D, dtype)
+    return (vals * scale[..., None]).view(t, Hkv, D)
+
+
+def attention_quant(q: torch.Tensor, kcache: torch.Tensor, vcache: torch.Tensor, p0: int,
+                    kv_type: str, seed: int = DEFAULT_SEED, tile: int = ATTN_TILE) -> torch.Tensor:
+    """Causal attention of n query rows q [n, H, D] (positions p0..p0+n-1, normed + roped) over
+    rows 0..p0+n-1 of byte caches [cap, Hkv, row_bytes] of kv_type -> [n, H, D] in q's dtype,
+    before the output gate. The torch twin of tightfit/kernels/attn_decode_q.py for n rows:
+    q is rotated once (K format rotating), each tile of `tile` cache rows is decoded to
+    code x block scale in the rotated domain, scores = q_rot . k_rot, online softmax across tiles,
+    V accumulated in its rotated domain and the output un-rotated once (V format rotating)."""
+    n, H, D = q.shape
+    Hkv = kcache.shape[1]
+    grp = H // Hkv
+    T = p0 + n
+    dt = q.dtype
+    kf, vf = (get_format(x) for x in split_kv_type(kv_type))
+    R = rotation_matrix(D, seed, dt, q.device) if (kf.rotate or vf.rotate) else None
+    qr = q @ R.T if kf.rotate else q                                # y = R x, row-wise
+    qv = qr.reshape(n, Hkv, grp, D) * (1.0 / math.sqrt(D))
+    qpos = p0 + torch.arange(n, device=q.device)
+    m = torch.full((Hkv, grp, n), float("-inf"), dtype=dt, device=q.device)
+    l = torch.zeros(Hkv, grp, n, dtype=dt, device=q.device)
+    acc = torch.zeros(Hkv, grp, n, D, dtype=dt, device=q.device)
+    for t0 in range(0, T, tile):
+        t1 = min(T, t0 + tile)
+        K = _tile_values(kcache[t0:t1], kf, D, dt)                  # [t, Hkv, D]
+        s = torch.einsum("njgd,tjd->jgnt", qv, K)
+        vis = torch.arange(t0, t1, device=q.device)[None, :] <= qpos[:, None]   # [n, t]
+        s = s.masked_fill(~vis, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))        # finite: tile 0 holds row 0, seen by all
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * alpha + p.sum(-1)
+        V = _tile_values(vcache[t0:t1], vf, D, dt)
+        acc = acc * alpha[..., None] + torch.einsum("jgnt,tjd->jgnd", p, V)
+        m = m_new
+    o = (acc / l[..., None]).permute(2, 0, 1, 3).reshape(n, H, D)
+    return o @ R if vf.rotate else o                                # x_row = y_row R
+
+
 # ---- the CPU ReferenceModel with a quantized cache ---------------------------------------------
 def kv_roundtrip(kv_type: str, seed: int = DEFAULT_SEED):
     """A hook (k, v) -> (k', v') applying quantize -> dequantize of kv_type ('f16' = fp16
@@ -215,12 +274,12 @@ def kv_roundtrip(kv_type: str, seed: int = DEFAULT_SEED):
 class RoundtripKVState(State):
     """A State whose KV write applies `kv_roundtrip(kv_type)` and stores the result exactly (in
     the compute dtype). ReferenceModel.forward(tokens, RoundtripKVState(model, 'tq3', n)) then
-    runs the reference forward as if it read a tq3 cache. Runtime hookup (state.py owner): store
-    `quantize` bytes via `write_rows` and dequantize in `kv()`, or call attn_decode_q directly."""
+    runs the reference forward as if it read a tq3 cache: the independent oracle of the native
+    path (`State(kv_type='tq3')`, bytes + attention_quant), which must agree with it to rounding."""
 
     def __init__(self, model, kv_type: str, max_ctx: int, seed: int = DEFAULT_SEED):
         super().__init__(model.config, max_ctx, dtype=model.dtype, kv_dtype=model.dtype)
-        self.kv_type = kv_type
+        self.roundtrip_type = kv_type      # (State.kv_type stays None: the rows are floats)
         self._hook = kv_roundtrip(kv_type, seed)
 
     def write_kv(self, il: int, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -21,6 +21,15 @@ path: float views for F32/F16/BF16, per-call NumPy dequantization for quantized 
 Embedding: the row is dequantized on the host from the mmap and copied in (one row, ~20 KB per
 token); TIGHTFIT_DEVICE_EMBED=1 uses `tightfit.kernels.embed.embed_rows` on a device copy instead.
 
+Placement (issue 5): with `plan=` (a tightfit.plan Plan of this file; `from_model_file(vram=)`
+makes one) the weights are not uploaded per tensor: tightfit.model.placed allocates the plan's
+ONE arena, checks exact cover first, copies the GPU rows from the mmap through the pinned ring,
+and serves the rest from the host: the embedding table (one row decoded per token) and the
+suffix rows of split matrices (`hostw`, computed by tightfit.kernels.cpu_gemv while the GPU
+prefix runs; only activations cross PCIe). The KV cache, recurrent banks and status word of the
+first live state are arena views too. MTP blocks are never loaded. With host matrix rows the step
+is not captured as a CUDA graph (host work sits between kernels).
+
 Workspace (device bytes besides weights and state), see `workspace_bytes()`: activation buffers
 ~ (4 E + 3 n_ff + 2 conv_dim + 3 value_dim + 4 H D + 2 kv_dim) * 4 + logits n_vocab * 4, their
 int8 quantized copies (~1.2x the quantized inputs' elements), RoPE tables n_ctx * n_rot * 4,
@@ -59,16 +68,22 @@ def _gemv_mod():
 class Linear:
     """One matrix W[n_out, n_in] as raw GGUF bytes on the device."""
 
-    def __init__(self, name: str, info: Any, device: torch.device, use_triton: bool):
+    def __init__(self, name: str, info: Any, device: torch.device, use_triton: bool,
+                 raw: torch.Tensor | None = None, n_out: int | None = None):
         self.name = name
         self.info = info
         self.qtype = int(info.qtype)
         self.n_out, self.n_in = (int(s) for s in info.numpy_shape)
-        raw = np.ascontiguousarray(np.asarray(info.raw(), dtype=np.uint8).reshape(-1))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            self.raw = torch.from_numpy(raw).to(device)
-        self.nbytes = raw.size
+        self.whole = raw is None
+        if raw is None:           # legacy: one device allocation per matrix
+            host = np.ascontiguousarray(np.asarray(info.raw(), dtype=np.uint8).reshape(-1))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                self.raw = torch.from_numpy(host).to(device)
+        else:                     # placed: the first n_out rows, a view of the device arena
+            self.raw = raw
+            self.n_out = int(n_out)
+        self.nbytes = int(self.raw.numel())
         gm = _gemv_mod() if use_triton else None
         self.kind = "ref"
         self.layout = None
@@ -88,8 +103,13 @@ class Linear:
             out.copy_(F.linear(x, self.view.to(x.dtype)))
             return
         from tightfit.model.weights import dequantize_tensor   # per-call dequantization (CPU)
-        w = dequantize_tensor(self.info, torch.float32).to(x.device)
-        out.copy_(F.linear(x, w))
+        if self.whole:
+            w = dequantize_tensor(self.info, torch.float32).to(x.device)
+        else:
+            from tightfit.quant.dequant import dequantize
+            w = torch.from_numpy(np.ascontiguousarray(dequantize(
+                self.raw.cpu().numpy(), self.qtype, (self.n_out, self.n_in)), np.float32))
+        out.copy_(F.linear(x, w.to(x.device)))
 
 
 class GPUModel:
@@ -97,7 +117,7 @@ class GPUModel:
                  n_ctx: int | None = None, use_triton: bool | None = None,
                  chunk: int = A.DEFAULT_CHUNK, use_graphs: bool | None = None,
                  lazy_check: bool = False, prefill_chunk: int | None = None,
-                 batched: bool = True):
+                 batched: bool = True, plan: Any = None, progress: bool | None = None):
         config.validate()
         self.config = c = config
         self.device = torch.device(device)
@@ -106,6 +126,10 @@ class GPUModel:
         interp = os.environ.get("TRITON_INTERPRET") == "1"
         self.use_triton = (self.device.type == "cuda" or interp) if use_triton is None else use_triton
         self.use_graphs = (self.device.type == "cuda") if use_graphs is None else use_graphs
+        if plan is not None:
+            if n_ctx is not None and int(n_ctx) > plan.options.ctx:
+                raise UserError(f"n_ctx {n_ctx} exceeds the plan's ctx {plan.options.ctx}")
+            n_ctx = n_ctx or plan.options.ctx
         self.n_ctx = int(n_ctx or min(c.n_ctx_train, 4096))
         self.chunk = int(chunk)
         self.lazy_check = lazy_check
@@ -118,23 +142,35 @@ class GPUModel:
         self._tensors = tensors
         dev = self.device
         self.lin: dict[str, Linear] = {}
+        self.hostw: dict = {}          # lin name -> placed.HostRows (suffix rows on the host)
         self.vec: dict[str, torch.Tensor] = {}
-        from tightfit.model.weights import dequantize_tensor
-        for name in c.tensor_shapes(include_mtp=False):
-            if name == "token_embd.weight":
-                continue
+        needed = list(c.tensor_shapes(include_mtp=False))   # MTP blocks: never loaded here
+        for name in needed:
             if name not in tensors:
                 raise UserError(f"model file lacks tensor {name}")
+        self.placed = None
+        if plan is not None:
+            from tightfit.model.placed import Placed
+            self.placed = Placed(plan, model_file, dev, needed, progress=progress)
+        from tightfit.model.weights import dequantize_tensor
+        for name in needed:
+            if name == "token_embd.weight":
+                continue
             info = tensors[name]
             if len(info.numpy_shape) == 1 or Qwen35Config.is_vector_tensor(name):
-                self.vec[name] = dequantize_tensor(info, torch.float32).contiguous().to(dev)
+                self.vec[name] = (self.placed.vector(name, info) if self.placed is not None else
+                                  dequantize_tensor(info, torch.float32).contiguous().to(dev))
             else:
-                self.lin[name] = Linear(name, info, dev, self.use_triton)
+                self._add_matrix(name, name, info)
         self._embd_info = tensors["token_embd.weight"]
         if c.tied_output or "output.weight" not in tensors:
-            self.lin["output.weight"] = Linear("token_embd.weight", self._embd_info, dev,
-                                               self.use_triton)
+            self._add_matrix("output.weight", "token_embd.weight", self._embd_info)
         self.weight_bytes = sum(l.nbytes for l in self.lin.values())
+        self.host_weight_bytes = sum(h.nbytes for h in self.hostw.values())
+        if self.hostw:             # host rows run between kernels: no whole-step CUDA graph
+            if use_graphs:
+                raise UserError("CUDA graphs cannot capture a step with host-computed rows")
+            self.use_graphs = False
         self._embed_dev = self._device_embedding()
         self._alloc_buffers()
         # the ops: Triton kernels on the GPU (or under the interpreter), torch references on CPU
@@ -154,7 +190,25 @@ class GPUModel:
         if isinstance(mf, str) or hasattr(mf, "__fspath__"):
             from tightfit.api import open_model
             mf = open_model(mf)
+        vram = kw.pop("vram", None)
+        if vram is not None and kw.get("plan") is None:
+            from tightfit.model.placed import plan_for
+            kw["plan"] = plan_for(mf.path, n_ctx or min(mf.config.n_ctx_train, 4096), vram,
+                                  device=device)
         return cls(mf.config, mf, device=device, n_ctx=n_ctx, **kw)
+
+    def _add_matrix(self, key: str, tensor: str, info: Any) -> None:
+        """lin[key]: the device rows of `tensor` (all of them, or the placement's GPU prefix);
+        hostw[key]: its host suffix, if the placement has one."""
+        if self.placed is None:
+            self.lin[key] = Linear(key, info, self.device, self.use_triton)
+            return
+        raw = self.placed.gpu_raw(tensor)
+        if raw is not None:
+            self.lin[key] = Linear(key, info, self.device, self.use_triton, raw=raw,
+                                   n_out=self.placed.gpu_rows(tensor))
+        if tensor in self.placed.host:
+            self.hostw[key] = self.placed.host[tensor]
 
     # ---- buffers ------------------------------------------------------------------------------
     def _alloc_buffers(self) -> None:
@@ -175,7 +229,10 @@ class GPUModel:
         self.n_chunks = A.n_chunks_for(self.n_ctx, self.chunk)
         self._qa: dict = {}        # (buffer id, layout) -> preallocated QuantAct
         self._pinned = None
+        self._io = None
         if dev.type == "cuda":
+            from tightfit.model.placed import PinnedIO
+            self._io = PinnedIO()          # activations of split matrices crossing PCIe
             self._pinned = [torch.empty(1, E, dtype=torch.float32).pin_memory() for _ in range(2)]
             self._events = [None, None]
             self._slot = 0
@@ -193,6 +250,8 @@ class GPUModel:
         m = int(max_ctx or self.n_ctx)
         if m > self.n_ctx:
             raise UserError(f"max_ctx {m} exceeds the executor's n_ctx {self.n_ctx}")
+        if self.placed is not None:        # KV + recurrent banks + status in the arena
+            return self.placed.new_state(self.config, m)
         return GPUState(self.config, m, device=self.device)
 
     def state_bytes(self, max_ctx: int | None = None) -> dict[str, int]:
@@ -213,24 +272,58 @@ class GPUModel:
         return quantize_act(x, layout, out=qa)
 
     def _linears(self, x: torch.Tensor, pairs: Sequence[tuple[str, torch.Tensor]]) -> None:
-        """out = x . W^T for each (tensor name, out buffer); x quantized once per layout."""
+        """out = x . W^T for each (tensor name, out buffer); x quantized once per layout.
+        A split matrix writes out[:, :gpu_rows] on the device and out[:, gpu_rows:] from its host
+        suffix rows: x is sent to the host first, the GPU parts are launched, the CPU computes
+        the host rows meanwhile, and only those output values are copied back."""
+        host = [(name, out) for name, out in pairs if name in self.hostw]
+        if host:
+            from tightfit.model.placed import to_host_async
+            xh, ev = to_host_async(x, self._io, ("x", x.data_ptr()))
         acts: dict = {}
         gm = _gemv_mod()
         for name, out in pairs:
-            L = self.lin[name]
+            L = self.lin.get(name)
+            if L is None:
+                continue                       # wholly on the host
+            o = out if name not in self.hostw else out.view(1, -1)[:, :L.n_out]
             if L.kind == "quant":
                 if L.layout not in acts:
                     acts[L.layout] = self._quant(x, L.layout)
-                gm.gemv_quantized(acts[L.layout], L.raw, L.qtype, L.n_out, out=out)
+                gm.gemv_quantized(acts[L.layout], L.raw, L.qtype, L.n_out, out=o)
             elif L.kind == "float":
-                gm.gemv(x, L.raw, L.qtype, L.n_out, L.n_in, out=out)
+                gm.gemv(x, L.raw, L.qtype, L.n_out, L.n_in, out=o)
             else:
-                L.ref(x, out)
+                L.ref(x, o)
+        if not host:
+            return
+        if ev is not None:
+            ev.synchronize()                   # x is on the host; the GPU parts keep running
+        for name, out in host:
+            H = self.hostw[name]
+            o = out.view(1, -1)[:, H.row_start:]
+            if self._io is None:
+                o.copy_(torch.from_numpy(H.gemv(xh)))
+                continue
+            key = ("y", name)
+            buf = self._io.get(key, (1, H.n_rows))
+            H.gemv(xh, out=buf.numpy())
+            o.copy_(buf, non_blocking=True)
+            self._io.recorded(key)
 
     # ---- embedding ----------------------------------------------------------------------------
     def _device_embedding(self):
-        """`tightfit.kernels.embed.embed_rows` if it exists and agrees with the host path."""
-        if self.device.type != "cuda" or os.environ.get("TIGHTFIT_DEVICE_EMBED") != "1":
+        """`tightfit.kernels.embed.embed_rows` if it exists and agrees with the host path: on the
+        arena's copy when the plan put the table on the device, on an extra device copy only with
+        TIGHTFIT_DEVICE_EMBED=1 (legacy path)."""
+        if self.device.type != "cuda":
+            return None
+        placed_raw = None
+        if self.placed is not None:
+            if self.placed.embedding_on_host():
+                return None   # the plan keeps the table on the host: one row per token
+            placed_raw = self.placed.gpu_raw("token_embd.weight")
+        elif os.environ.get("TIGHTFIT_DEVICE_EMBED") != "1":
             return None       # default: the host row (no second copy of the table on the GPU)
         try:
             from tightfit.kernels.embed import embed_rows
@@ -238,7 +331,7 @@ class GPUModel:
             return None
         info = self._embd_info
         try:
-            raw = torch.from_numpy(np.ascontiguousarray(
+            raw = placed_raw if placed_raw is not None else torch.from_numpy(np.ascontiguousarray(
                 np.asarray(info.raw(), dtype=np.uint8).reshape(-1))).to(self.device)
             ids = torch.tensor([0, self.config.n_vocab - 1], device=self.device)
             got = embed_rows(ids, raw, int(info.qtype), self.config.n_embd)
@@ -250,6 +343,8 @@ class GPUModel:
         return None
 
     def _host_row(self, tok: int) -> torch.Tensor:
+        if self.placed is not None:        # decoded on the CPU from the mmap (cpu_gemv)
+            return torch.from_numpy(self.placed.embed_rows([tok]))
         from tightfit.model.weights import dequantize_rows
         return dequantize_rows(self._embd_info, np.array([tok]), torch.float32)
 
@@ -382,8 +477,12 @@ class GPUModel:
     def batcher(self):
         """The batched forward (tightfit.model.batch.BatchForward), built on first use."""
         if self._batch is None:
-            from tightfit.model.batch import BatchForward
-            self._batch = BatchForward(self, chunk=self.prefill_chunk)
+            if self.hostw:
+                from tightfit.model.placed import placed_batch
+                self._batch = placed_batch(self, chunk=self.prefill_chunk)
+            else:
+                from tightfit.model.batch import BatchForward
+                self._batch = BatchForward(self, chunk=self.prefill_chunk)
         return self._batch
 
     def forward(self, tokens: Sequence[int] | torch.Tensor, state: GPUState,

@@ -71,7 +71,8 @@ class ReferenceModel:
     """qwen35 forward on CPU. `weights` maps GGUF tensor names to numpy-shaped tensors."""
 
     def __init__(self, config: Qwen35Config, weights: Mapping[str, torch.Tensor],
-                 dtype: torch.dtype = torch.float32, kv_dtype: torch.dtype | None = torch.float16):
+                 dtype: torch.dtype = torch.float32, kv_dtype: torch.dtype | None = torch.float16,
+                 kv_type: str | None = None):
         config.validate()
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"compute dtype must be float32 or float64, got {dtype}")
@@ -80,6 +81,9 @@ class ReferenceModel:
         self.dtype = dtype
         # kv_dtype None: keep K/V in the compute dtype (no f16 rounding, for HF comparisons)
         self.kv_dtype = kv_dtype or dtype
+        # kv_type: a quantized KV cache ('q8_0', 'tq3', 'q8_0+tq3', ...; None/f16/f32: floats)
+        from tightfit.runtime.state import quant_kv_type
+        self.kv_type = quant_kv_type(kv_type, config)
         self._check_weights()
         self._head = "output.weight" if "output.weight" in weights else "token_embd.weight"
         c = config
@@ -93,8 +97,8 @@ class ReferenceModel:
     @classmethod
     def from_model_file(cls, mf: Any, dtype: torch.dtype = torch.float32,
                         kv_dtype: torch.dtype | None = torch.float16,
-                        storage_dtype: torch.dtype | None = None, lazy: bool | None = None
-                        ) -> "ReferenceModel":
+                        storage_dtype: torch.dtype | None = None, lazy: bool | None = None,
+                        kv_type: str | None = None) -> "ReferenceModel":
         """Build from a ModelFile (`tightfit.api.open_model(path)`) or a path. `storage_dtype`
         (default: the compute dtype) is how eagerly dequantized matrices are kept; `lazy=True`
         dequantizes each matrix when it is used and keeps only 1-D tensors in memory. The
@@ -108,7 +112,7 @@ class ReferenceModel:
             need = mf.config.n_params() * torch.finfo(sd).bits // 8
             lazy = need > _physical_memory() // 2
         w = W.LazyWeights(mf, sd) if lazy else W.load_weights(mf, sd)
-        return cls(mf.config, w, dtype=dtype, kv_dtype=kv_dtype)
+        return cls(mf.config, w, dtype=dtype, kv_dtype=kv_dtype, kv_type=kv_type)
 
     def _check_weights(self) -> None:
         expected = self.config.tensor_shapes(include_mtp=False)
@@ -127,7 +131,7 @@ class ReferenceModel:
 
     def new_state(self, max_ctx: int | None = None) -> State:
         return State(self.config, max_ctx or self.config.n_ctx_train, dtype=self.dtype,
-                     kv_dtype=self.kv_dtype)
+                     kv_dtype=self.kv_dtype, kv_type=self.kv_type)
 
     # ---- helpers ----------------------------------------------------------------------------
     def _w(self, name: str) -> torch.Tensor:
@@ -237,7 +241,9 @@ class ReferenceModel:
         return self._lin(o.reshape(n, Hv * S), p + "ssm_out.weight")
 
     def _attention(self, il: int, a: torch.Tensor, state: State, pos: torch.Tensor) -> torch.Tensor:
-        """§3.5 over n tokens; appends K/V at pos to the cache (rounded to kv_dtype)."""
+        """§3.5 over n tokens; appends K/V at pos to the cache (rounded to kv_dtype, or quantized
+        on write for a quantized state, which attention then reads as codes: kvquant.reference.
+        attention_quant, the torch twin of the quantized decode kernel)."""
         c, p = self.config, f"blk.{il}."
         n = a.shape[0]
         H, Hkv, D = c.n_head, c.n_head_kv, c.head_dim
@@ -250,6 +256,11 @@ class ReferenceModel:
 
         state.write_kv(il, k, v)
         p0 = state.pos
+        if getattr(state, "kv_type", None):
+            from tightfit.kvquant.reference import attention_quant
+            o = attention_quant(q, *state.kv_bytes(il, p0 + n), p0, state.kv_type)
+            o = o.reshape(n, H * D) * torch.sigmoid(gate)
+            return self._lin(o, p + "attn_output.weight")
         Kc, Vc = (t.to(self.dtype) for t in state.kv(il, p0 + n))    # [T, Hkv, D], as stored
         T = p0 + n
         grp = H // Hkv                                                 # grouped GQA: kv = h // grp

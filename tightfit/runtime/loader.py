@@ -8,26 +8,45 @@ from tightfit.errors import UserError
 
 
 KV_DTYPES = {"f16": "float16", "f32": "float32"}
+# The CPU path also takes the quantized types of tightfit.kvquant (q8_0, tq3, tq4, <k>+<v>, ...):
+# the State stores them natively (tightfit/runtime/state.py).
 
 
 def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, kv_type: str = "f16",
-                **kw: Any):
+                vram: int | str | None = None, plan: Any = None, host_embd: str = "auto",
+                progress: bool | None = None, **kw: Any):
+    """`vram` (bytes, '16GiB', or 'auto' = the device's free memory) or a ready `plan`
+    (tightfit.plan.plan_model of this file) place the weights for device='cuda': one device arena
+    sized by the plan, host rows read from the mmap (tightfit.model.placed). Without either,
+    the GPU executor uploads every trunk matrix by itself (legacy path)."""
     from tightfit.api import open_model
     from tightfit.runtime.engine import Engine
     from tightfit.tokenizer import from_gguf
 
+    if (vram is not None or plan is not None) and not device.startswith("cuda"):
+        raise UserError("--vram places weights in GPU memory; it needs --device cuda")
     mf = open_model(path)
     if device == "cpu":
         from tightfit.model.reference import ReferenceModel
         import torch
-        if kv_type not in KV_DTYPES:
-            raise UserError(f"--kv-type {kv_type}: the CPU path supports {', '.join(KV_DTYPES)}")
-        model = ReferenceModel.from_model_file(mf, kv_dtype=getattr(torch, KV_DTYPES[kv_type]))
+        from tightfit.runtime.state import quant_kv_type
+        qt = quant_kv_type(kv_type, mf.config)      # None for f16/f32; UserError if unknown
+        dt = getattr(torch, KV_DTYPES.get(kv_type.lower(), "float16"))
+        model = ReferenceModel.from_model_file(mf, kv_dtype=dt, kv_type=qt)
     elif device.startswith("cuda"):
         try:
             from tightfit.model.executor import GPUModel  # the graph-captured GPU executor
         except ImportError as e:
             raise UserError(f"the GPU executor is not available in this build ({e})") from e
+        if plan is None and vram is not None:
+            if kv_type != "f16":
+                raise UserError(f"--kv-type {kv_type}: the placed GPU path runs f16 KV only")
+            from tightfit.model.placed import plan_for
+            plan = plan_for(path, n_ctx or min(mf.config.n_ctx_train, 4096), vram,
+                            kv_type=kv_type, host_embd=host_embd, device=device)
+        if plan is not None:
+            n_ctx = n_ctx or plan.options.ctx
+            kw.update(plan=plan, progress=progress)
         model = GPUModel.from_model_file(mf, device=device, n_ctx=n_ctx, **kw)
     else:
         raise UserError(f"unknown device {device!r} (use 'cpu' or 'cuda[:N]')")

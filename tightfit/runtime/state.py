@@ -3,7 +3,11 @@
 A `State` holds, for one sequence:
 
 * a K and a V cache per full-attention block, `[capacity, Hkv, D]` in `kv_dtype` (float16 by
-  default, the rounding llama.cpp applies), plus the number of valid positions `pos`;
+  default, the rounding llama.cpp applies), plus the number of valid positions `pos`; or, with a
+  quantized `kv_type` (q8_0, tq3, tq4, ..., `<k>+<v>`: tightfit/kvquant/formats.py), byte caches
+  `uint8 [capacity, Hkv, row_bytes]` written by `kvquant.reference.write_rows` (quantize on
+  write, prefill and decode alike) and read by `kvquant.reference.attention_quant` through
+  `kv_bytes`; snapshots, restore and truncate copy the bytes;
 * a conv state `[K-1, conv_dim]` (raw pre-conv `attn_qkv` rows, oldest first) and an SSM state
   `[Hv, S, S]` (`[head, key, value]`, HF orientation, heads in GGUF tiled order) per Gated
   DeltaNet block, always in the compute dtype (float32, or float64 for tests).
@@ -30,6 +34,24 @@ import torch
 
 from tightfit.errors import UserError
 from tightfit.model.config import Qwen35Config
+
+PLAIN_KV = {"f16": torch.float16, "f32": torch.float32}
+
+
+def quant_kv_type(kv_type: str | None, config: Qwen35Config) -> str | None:
+    """Normalized quantized KV type ('tq3', 'q8_0+tq3') for kv_type, None for f16 / f32 / None.
+    UserError for an unknown name or a format the head_dim cannot hold."""
+    if kv_type is None or kv_type.lower() in PLAIN_KV:
+        return None
+    from tightfit.kvquant.formats import FORMATS, get_format, split_kv_type
+    try:
+        kn, vn = split_kv_type(kv_type)
+        for name in (kn, vn):
+            get_format(name).check_dim(config.head_dim)
+    except ValueError as e:
+        raise UserError(f"--kv-type {kv_type}: {e} (use f16, f32, {', '.join(FORMATS)} or "
+                        f"<k>+<v>, e.g. q8_0+tq3)") from None
+    return kn if kn == vn else f"{kn}+{vn}"
 
 
 class NonFiniteError(UserError):
@@ -58,6 +80,7 @@ class Snapshot:
     ssm: list[torch.Tensor]
     geometry: tuple
     kv: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None
+    kv_type: Optional[str] = None     # quantized KV type of the kv bytes (None: float rows)
 
     def nbytes(self) -> int:
         n = sum(t.numel() * t.element_size() for t in self.conv + self.ssm)
@@ -70,13 +93,24 @@ class State:
     """Inference state of one sequence. Create with `ReferenceModel.new_state(max_ctx)`."""
 
     def __init__(self, config: Qwen35Config, max_ctx: int, dtype: torch.dtype = torch.float32,
-                 kv_dtype: torch.dtype = torch.float16, device: str | torch.device = "cpu"):
+                 kv_dtype: torch.dtype = torch.float16, device: str | torch.device = "cpu",
+                 kv_type: str | None = None):
+        """kv_type: None (K/V in kv_dtype), 'f16' / 'f32' (the same as that kv_dtype), or a
+        quantized KV type stored as bytes (see the module doc)."""
         if max_ctx <= 0:
             raise StateError(f"max_ctx must be positive, got {max_ctx}")
         self.config = config
         self.max_ctx = int(max_ctx)
         self.dtype = dtype
-        self.kv_dtype = kv_dtype
+        self.kv_type = quant_kv_type(kv_type, config)
+        if self.kv_type is None and kv_type is not None:
+            kv_dtype = PLAIN_KV[kv_type.lower()]
+        self.kv_dtype = torch.uint8 if self.kv_type else kv_dtype
+        self._row_bytes: tuple[int, int] | None = None
+        if self.kv_type:
+            from tightfit.kvquant.formats import get_format, split_kv_type
+            self._row_bytes = tuple(get_format(x).row_bytes(config.head_dim)
+                                    for x in split_kv_type(self.kv_type))
         self.device = torch.device(device)
         self.pos = 0
         self._kv_high = 0           # KV rows [0, _kv_high) hold this history's tokens
@@ -112,9 +146,10 @@ class State:
         if cap <= self._cap:
             return
         newk, newv = [], []
+        kw, vw = self._row_bytes or (c.head_dim, c.head_dim)
         for i in range(len(self.attn_slot)):
-            k = torch.zeros(cap, c.n_head_kv, c.head_dim, dtype=self.kv_dtype, device=self.device)
-            v = torch.zeros_like(k)
+            k = torch.zeros(cap, c.n_head_kv, kw, dtype=self.kv_dtype, device=self.device)
+            v = torch.zeros(cap, c.n_head_kv, vw, dtype=self.kv_dtype, device=self.device)
             if self._cap:
                 k[: self._cap] = self._k[i]
                 v[: self._cap] = self._v[i]
@@ -157,11 +192,31 @@ class State:
         if end > self._cap:
             self._alloc_kv(max(end, 2 * self._cap))
         s = self.attn_slot[il]
+        if self.kv_type:
+            from tightfit.kvquant.reference import write_rows
+            write_rows(self._k[s], self._v[s], self.pos, k, v, self.kv_type)
+            return
         self._k[s][self.pos:end] = k.to(self.kv_dtype)
         self._v[s][self.pos:end] = v.to(self.kv_dtype)
 
     def kv(self, il: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V rows 0..end-1 of attention block il, as stored (kv_dtype)."""
+        """K and V rows 0..end-1 of attention block il, as stored (kv_dtype); for a quantized
+        cache dequantized to the compute dtype (a full copy: for inspection and tests; the
+        forward reads `kv_bytes` through kvquant.reference.attention_quant instead)."""
+        s = self.attn_slot[il]
+        if self.kv_type:
+            from tightfit.kvquant.formats import split_kv_type
+            from tightfit.kvquant.reference import dequantize
+            D = self.config.head_dim
+            kn, vn = split_kv_type(self.kv_type)
+            return (dequantize(self._k[s][:end], kn, D, dtype=self.dtype),
+                    dequantize(self._v[s][:end], vn, D, dtype=self.dtype))
+        return self._k[s][:end], self._v[s][:end]
+
+    def kv_bytes(self, il: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Byte rows 0..end-1 of a quantized cache, uint8 [end, Hkv, row_bytes] (views)."""
+        if not self.kv_type:
+            raise StateError("kv_bytes: this state's KV cache is not quantized")
         s = self.attn_slot[il]
         return self._k[s][:end], self._v[s][:end]
 
@@ -185,7 +240,8 @@ class State:
         return Snapshot(pos=self.pos,
                         conv=[t.detach().to("cpu", copy=True) for t in self._conv[a]],
                         ssm=[t.detach().to("cpu", copy=True) for t in self._ssm[a]],
-                        geometry=self._geometry(), kv=kv)
+                        geometry=self._geometry(), kv=kv,
+                        kv_type=self.kv_type if kv is not None else None)
 
     def restore(self, snap: Snapshot) -> None:
         """Make the state equal to the snapshot: recurrent state copied back, KV length = snap.pos
@@ -194,6 +250,10 @@ class State:
             raise StateError("snapshot comes from a model of a different geometry")
         if snap.pos > self.max_ctx:
             raise ContextOverflowError(f"snapshot at position {snap.pos} exceeds max_ctx {self.max_ctx}")
+        snap_kv_type = getattr(snap, "kv_type", None)
+        if snap.kv is not None and snap_kv_type != self.kv_type:
+            raise StateError(f"snapshot KV is stored as {snap_kv_type or 'floats'}, this state "
+                             f"stores {self.kv_type or 'floats'}")
         if snap.kv is None and snap.pos > self._kv_high:
             raise StateError(f"snapshot at position {snap.pos} is ahead of this state's KV "
                              f"({self.pos} rows) and carries no KV rows")

@@ -164,8 +164,13 @@ def create_app(engine: Any = None, *, loader: Callable[[], Any] | None = None,
     @app.get("/props")
     async def props():
         eng = st.engine
+        spec = getattr(eng, "spec", None)      # a SpeculativeEngine (tightfit serve --spec)
+        speculative = None if spec is None else {
+            "drafters": list(spec.drafters), "n_max": spec.max_draft,
+            "verifier": type(eng.verifier).__name__}
         return {"model_path": st.model_path, "model_alias": st.model_id, "total_slots": 1,
                 "n_ctx": eng.n_ctx, "chat_template": eng.chat_template or "",
+                "speculative": speculative,
                 "default_generation_settings": {"n_ctx": eng.n_ctx}}
 
     @app.post("/tokenize")

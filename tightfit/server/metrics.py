@@ -30,6 +30,11 @@ class Stats:
         self.cache_tokens_total = 0           # prompt tokens served from the prompt cache
         self.processing = 0
         self.deferred = 0
+        # speculative decoding (llama-server's spec_decode_* counters; zero without --spec)
+        self.spec_draft_tokens_total = 0      # drafted tokens sent to verification
+        self.spec_accepted_tokens_total = 0   # of those, accepted
+        self.spec_drafts_total = 0            # drafts verified (rounds with a draft)
+        self.spec_accepted_per_pos: list[int] = []   # accepted drafts reaching position i (0-based)
 
     def queue_changed(self, processing: int, deferred: int) -> None:
         with self._lock:
@@ -52,7 +57,20 @@ class Stats:
             self.tokens_predicted_seconds_total += timings.predicted_ms / 1000.0
             self.cache_tokens_total += timings.cache_n
             # one forward per prompt chunk is not tracked separately: count prefill as one decode
-            self.n_decode_total += (1 if timings.prompt_n else 0) + max(0, timings.predicted_n - 1)
+            rounds = getattr(timings, "rounds", None)
+            if rounds is None:
+                self.n_decode_total += (1 if timings.prompt_n else 0) + max(0, timings.predicted_n - 1)
+            else:                             # speculative: one verify forward per round
+                self.n_decode_total += (1 if timings.prompt_n else 0) + rounds
+            if hasattr(timings, "draft_n"):
+                self.spec_draft_tokens_total += timings.draft_n
+                self.spec_accepted_tokens_total += timings.draft_n_accepted
+                self.spec_drafts_total += timings.draft_rounds
+                per = self.spec_accepted_per_pos
+                for i, n in enumerate(timings.accepted_per_pos):
+                    if i >= len(per):
+                        per.append(0)
+                    per[i] += n
             self.n_tokens_max = max(self.n_tokens_max, n_prompt_total + timings.predicted_n)
 
 
@@ -65,6 +83,7 @@ class _Collector:
         s = self.stats
         with s._lock:
             v = dict(vars(s))
+            v["spec_accepted_per_pos"] = list(s.spec_accepted_per_pos)
         def counter(name, doc, value):
             f = CounterMetricFamily(name, doc)
             f.add_metric([], value)
@@ -97,6 +116,18 @@ class _Collector:
                     rate(v["tokens_predicted_total"], v["tokens_predicted_seconds_total"]))
         yield gauge("llamacpp:requests_processing", "Number of requests processing.", v["processing"])
         yield gauge("llamacpp:requests_deferred", "Number of requests deferred.", v["deferred"])
+        yield counter("llamacpp:spec_decode_num_draft_tokens", "Number of draft tokens verified.",
+                      v["spec_draft_tokens_total"])
+        yield counter("llamacpp:spec_decode_num_accepted_tokens", "Number of draft tokens accepted.",
+                      v["spec_accepted_tokens_total"])
+        yield counter("llamacpp:spec_decode_num_drafts", "Number of drafts verified.",
+                      v["spec_drafts_total"])
+        f = CounterMetricFamily("llamacpp:spec_decode_num_accepted_tokens_per_pos",
+                                "Number of accepted draft tokens at each draft position (0-based).",
+                                labels=["position"])
+        for i, n in enumerate(v["spec_accepted_per_pos"]):
+            f.add_metric([str(i)], n)
+        yield f
         yield counter("tightfit:requests", "Generations finished (completed or cancelled).",
                       v["requests_total"])
         yield counter("tightfit:requests_rejected", "Requests refused because the queue was full.",

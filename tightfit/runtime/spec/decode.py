@@ -46,7 +46,7 @@ class SpecConfig:
     mtp_draft: int = 3
     mtp_p_min: float = 0.0
     adaptive: bool = True              # False: always the longest draft offered
-    verifier: str = "auto"             # auto | native | replay | step
+    verifier: str = "auto"             # auto | native | block | replay | step
     record: str = "output"             # what a finished request adds to suffix_cache: output|all|none
     force_accept: float | None = None  # benchmarks only: synthetic acceptance rate (wrong output!)
 
@@ -104,11 +104,14 @@ class SpeculativeEngine:
         self.verifier = make_verifier(engine.model, self.spec.verifier)
         self.policy = policy or Policy(adaptive=self.spec.adaptive)
         self.mtp_head = mtp_head
-        if mtp_head is None and "mtp" in self.spec.drafters and engine.config.nextn_layers \
-                and self.spec.verifier in ("auto", "native") and getattr(self.verifier, "native", False) \
-                and hasattr(self.verifier, "_forward"):
+        if mtp_head is None and "mtp" in self.spec.drafters and engine.config.nextn_layers:
             from tightfit.runtime.spec.mtp import MTPHead
-            self.mtp_head = MTPHead.for_reference(engine.model, engine.file)
+            from tightfit.runtime.spec.verify import BlockVerifier, NativeVerifier
+            if isinstance(self.verifier, NativeVerifier):
+                self.mtp_head = MTPHead.for_reference(engine.model, engine.file)
+            elif isinstance(self.verifier, BlockVerifier):
+                self.mtp_head = MTPHead.from_model_file(engine.file,
+                                                        device=getattr(engine.model, "device", "cpu"))
 
     def __getattr__(self, name: str) -> Any:      # everything not speculative: the engine's
         return getattr(self.engine, name)
@@ -351,6 +354,39 @@ class SyntheticDrafter:
     def propose(self, max_k: int | None = None) -> Draft | None:
         k = self.k if max_k is None else min(self.k, max_k)
         return Draft([self.last] * k, self.name, match_len=k) if k > 0 else None
+
+
+DRAFTER_NAMES = ("ngram", "suffix", "mtp")
+
+
+def parse_drafters(spec: str | Sequence[str]) -> tuple[str, ...]:
+    """'ngram,suffix,mtp' -> ('ngram', 'suffix', 'mtp'); unknown or repeated names are UserErrors."""
+    names = [x.strip() for x in (spec.split(",") if isinstance(spec, str) else spec)]
+    names = [x for x in names if x]
+    if not names:
+        raise UserError(f"--spec needs at least one drafter ({', '.join(DRAFTER_NAMES)})")
+    for x in names:
+        if x not in DRAFTER_NAMES:
+            raise UserError(f"--spec: unknown drafter {x!r} (choose from {', '.join(DRAFTER_NAMES)})")
+    if len(set(names)) != len(names):
+        raise UserError(f"--spec: a drafter is named twice in {','.join(names)!r}")
+    return tuple(names)
+
+
+def build_speculative(engine, drafters: str | Sequence[str], max_draft: int = 8,
+                      mtp_draft: int = 3, suffix_cache: SuffixCache | None = None,
+                      **config) -> SpeculativeEngine:
+    """The server's speculative engine: `engine` wrapped with the named drafters, a SuffixCache
+    shared by every request (kept for the engine's lifetime) and a persistent policy."""
+    names = parse_drafters(drafters)
+    if max_draft < 1:
+        raise UserError(f"--draft-max must be >= 1, got {max_draft}")
+    if "mtp" in names and not engine.config.nextn_layers:
+        raise UserError("--spec mtp: this model has no MTP block (qwen35.nextn_predict_layers = 0)")
+    cfg = SpecConfig(drafters=names, max_draft=int(max_draft), mtp_draft=min(int(mtp_draft), int(max_draft)),
+                     suffix_cache=(suffix_cache if suffix_cache is not None else SuffixCache())
+                     if "suffix" in names else None, **config)
+    return SpeculativeEngine(engine, cfg)
 
 
 def speculative_generate(engine, prompt, config: SpecConfig | None = None, **gen) -> Iterator[Event]:

@@ -22,9 +22,14 @@ Verifiers (`begin(tokens, state) -> Round`; `Round.row(i)`, `Round.hidden`, `Rou
   returns the final hidden state output_norm(h) of every row (what the MTP head reads).
 * `ReplayVerifier` (any model with forward/snapshot/restore): snapshot, forward the block, and on a
   partial accept restore and re-run the kept tokens. Correct first version and fallback.
-* `StepVerifier` (one-token step executors such as tightfit.model.executor.GPUModel): steps the
-  block token by token and stops at the first rejection, so there is nothing to roll back (and no
-  speed-up until the executor gets a multi-token verify step).
+* `BlockVerifier` (executors with `forward_block`, i.e. tightfit.model.executor.GPUModel): one
+  batched forward over the k+1 positions that keeps what the chunked GDN recurrence needs to
+  rebuild the state after any position; `commit(n)` keeps exactly the accepted prefix (native
+  rollback, nothing re-run) and abandons the KV rows past it. Rows of logits move to the host
+  one at a time, as the acceptance reads them (an early rejection copies fewer rows). A round
+  without a draft (one token) runs the executor's graph-captured step instead.
+* `StepVerifier` (one-token step executors without `forward_block`): steps the block token by
+  token and stops at the first rejection, so there is nothing to roll back (and no batching gain).
 """
 from __future__ import annotations
 
@@ -296,12 +301,57 @@ class StepVerifier:
         return _StepRound(self.model, tokens, state, self.hidden_attr)
 
 
+class BlockVerifier:
+    """For executors with `forward_block(tokens, state, keep_states)` (GPUModel): the block runs
+    once without committing; the returned Block's `commit(n)` stages the recurrent state after
+    block token n-1 and commits n positions (no re-run)."""
+    native = True
+
+    def __init__(self, model, hidden_chunk: int = 64):
+        self.model = model
+        self.config = model.config
+        # prefill chunk when the caller wants the hidden rows (MTP): forward_block computes the
+        # logits of every row, so the chunk bounds that [chunk, n_vocab] fp32 buffer
+        self.hidden_chunk = int(hidden_chunk)
+
+    def prefill(self, ids: Sequence[int], state, chunk: int = 512, want_hidden: bool = True):
+        """Feed prompt tokens; (logits of the last one, normed hidden of every one or None)."""
+        ids = list(ids)
+        if not want_hidden:
+            last = None
+            for i in range(0, len(ids), chunk):
+                final = i + chunk >= len(ids)
+                last = self.model.forward(ids[i:i + chunk], state, logits="last" if final else "none")
+            return _np(last)[-1], None
+        hs, blk = [], None
+        step = max(1, self.hidden_chunk)
+        for i in range(0, len(ids), step):
+            part = ids[i:i + step]
+            blk = self.model.forward_block(part, state, keep_states=False)
+            blk.commit(len(part))
+            hs.append(blk.hidden)
+        return blk.row(blk.n_rows - 1), torch.cat(hs, 0)
+
+    def begin(self, tokens: Sequence[int], state):
+        tokens = list(tokens)
+        if len(tokens) == 1 and hasattr(self.model, "step_token"):
+            # no draft this round: the executor's (graph-captured) one-token step, as plain decode
+            out = _np(self.model.forward(tokens, state, logits="last"))
+            h = getattr(self.model, "xn", None)
+            h = h.detach().reshape(1, -1).clone() if h is not None else None
+            return _Round(out, h, lambda n: None)        # the step committed its one token
+        return self.model.forward_block(tokens, state, keep_states=len(tokens) > 1)
+
+
 def make_verifier(model, mode: str = "auto"):
-    """'native' (ReferenceModel), 'replay', 'step', or 'auto'."""
+    """'native' (ReferenceModel), 'block' (models with forward_block), 'replay', 'step', or
+    'auto' (the first of native, block, step, replay that the model supports)."""
     from tightfit.model.reference import ReferenceModel
     if mode == "auto":
         if isinstance(model, ReferenceModel):
             mode = "native"
+        elif hasattr(model, "forward_block"):
+            mode = "block"
         elif hasattr(model, "step_token"):
             mode = "step"
         else:
@@ -310,6 +360,10 @@ def make_verifier(model, mode: str = "auto"):
         if not isinstance(model, ReferenceModel):
             raise ValueError("the native verifier needs a ReferenceModel")
         return NativeVerifier(model)
+    if mode == "block":
+        if not hasattr(model, "forward_block"):
+            raise ValueError("the block verifier needs a model with forward_block")
+        return BlockVerifier(model)
     if mode == "replay":
         return ReplayVerifier(model)
     if mode == "step":

@@ -1,0 +1,224 @@
+"""Placed loading of the seed-mix 27B under VRAM budgets (issue 5): one arena from the plan, host
+rows from the mmap. For each budget (default 16, 12, 8 GiB), in a fresh child process:
+
+* torch.cuda.set_per_process_memory_fraction(budget / device total): the caching allocator may not
+  take more than the budget (the CUDA context itself is outside torch's count);
+* the file's pages are dropped from the page cache first (fsync + posix_fadvise DONTNEED), so the
+  load is from disk, as after a reboot;
+* plan (tightfit.model.placed.plan_for, MTP excluded), GPUModel(plan=...) = arena + upload;
+* reported: planned bill (total, arena, reserve) vs measured peak VRAM (torch max_memory_reserved,
+  which includes the arena, and max_memory_allocated; device used from mem_get_info, which adds
+  the CUDA context), load wall time and upload GB/s, peak host RSS (VmHWM) and anonymous RSS
+  (RssAnon: must stay far below the file size: no second copy of the weights), a 32-token prefill
+  through the batched path, greedy decode tok/s (no CUDA graph when any rows are on the host);
+* the host-RAM roofline: host bytes read per token (host suffix rows + the embedding row) over the
+  host read bandwidth measured in the same child (numba parallel sum over 2 GiB, all threads);
+  ratio = measured tok/s / (bandwidth / host bytes per token). llama.cpp partial offload of the
+  same model: 5.0 tok/s (figure given with the issue), printed beside it.
+
+Device run (wheels as in bench/e2e.py's docstring):
+  run(carry=[".whl"]): python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir
+    --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH || exit;
+    PYTHONUNBUFFERED=1 timeout 580 python3 bench/plan_vram.py --out $OUT
+
+Usage: python bench/plan_vram.py [--budgets 16GiB,12GiB,8GiB] [--ctx 4096] [--tokens 16]
+       [--layers N] [--path /tmp/seedmix.gguf] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+LLAMA_PARTIAL_TOK_S = 5.0
+
+
+def proc_status() -> dict[str, int]:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+                out[k] = int(v.split()[0]) * 1024
+    return out
+
+
+def host_read_bw(n: int = 2 << 30) -> float:
+    import numpy as np
+    from numba import njit, prange
+
+    @njit(parallel=True, cache=False)
+    def _sum(a):
+        s = 0
+        for i in prange(a.size):
+            s += a[i]
+        return s
+    a = np.ones(n // 8, dtype=np.uint64)
+    _sum(a[:1024])
+    t0 = time.perf_counter()
+    for _ in range(3):
+        _sum(a)
+    return 3 * n / (time.perf_counter() - t0)
+
+
+def drop_page_cache(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def one(args: argparse.Namespace) -> dict:
+    """One budget, in this (fresh) process."""
+    import torch
+
+    from tightfit.api import open_model
+    from tightfit.errors import PlanError
+    from tightfit.model.executor import GPUModel
+    from tightfit.model.placed import plan_for, vram_bytes
+    from tightfit.plan.budget import require_fit
+
+    budget = vram_bytes(args.one)
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
+    r: dict = {"budget": args.one, "budget_bytes": budget, "ctx": args.ctx}
+    plan = plan_for(args.path, args.ctx, budget, device="cuda", check=False)
+    r.update(planned_total=plan.total_bytes, planned_arena=plan.arena_bytes,
+             planned_reserve=plan.line("reserve").bytes, fits=plan.fits,
+             host_embd=plan.host_embd, gpu_weight_bytes=plan.placement.gpu_bytes,
+             host_weight_bytes=plan.placement.host_bytes,
+             split_tensors=len(plan.placement.split_tensors()),
+             max_ctx_same_placement=plan.max_ctx_same_placement)
+    try:
+        require_fit(plan)
+    except PlanError as e:
+        r["error"] = str(e)
+        return r
+    r["host_bw"] = bw = host_read_bw()
+    drop_page_cache(args.path)
+    mf = open_model(args.path)
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    exe = GPUModel.from_model_file(mf, device="cuda", n_ctx=args.ctx, plan=plan, lazy_check=True,
+                                   progress=False)
+    torch.cuda.synchronize()
+    r["load_s"] = time.perf_counter() - t0
+    up = exe.placed.upload
+    r.update(upload_bytes=up.bytes, upload_s=up.seconds, upload_GBps=up.bytes / up.seconds / 1e9,
+             released_bytes=up.released_bytes, graphs=exe.use_graphs,
+             executor_workspace=exe.workspace_bytes())
+    st = exe.new_state(args.ctx)
+    V = exe.config.n_vocab
+    prompt = [(i * 7919) % V for i in range(32)]
+    t0 = time.perf_counter()
+    exe.forward(prompt, st, logits="last")
+    st.sync()
+    r["prefill_tok_s"] = len(prompt) / (time.perf_counter() - t0)
+    exe.forward([1], st, logits="last")          # graph capture / warm-up of the step path
+    st.sync()
+    tok = 3
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(args.tokens):
+        exe.step_token(tok, st, head=True)
+        tok = int(torch.argmax(exe.logits[0]))
+    st.sync()
+    wall = (time.perf_counter() - t0) / args.tokens
+    emb = mf.gguf.tensors["token_embd.weight"]
+    host_bytes = exe.host_weight_bytes + (emb.row_bytes if plan.host_embd else 0)
+    r.update(tok_s=1 / wall, ms_per_token=wall * 1e3, host_bytes_per_token=host_bytes,
+             peak_reserved=torch.cuda.max_memory_reserved(),
+             peak_allocated=torch.cuda.max_memory_allocated(),
+             arena_bytes=exe.placed.arena.nbytes, extra_states=exe.placed.extra_states)
+    free, dtotal = torch.cuda.mem_get_info()
+    r["device_used"] = dtotal - free
+    if host_bytes:
+        r["host_roofline_tok_s"] = bw / host_bytes
+        r["host_roofline_ratio"] = r["tok_s"] / r["host_roofline_tok_s"]
+    r.update(proc_status())
+    r["file_bytes"] = os.path.getsize(args.path)
+    return r
+
+
+def generate(args: argparse.Namespace) -> dict:
+    from tightfit.model.generate import make_model
+    res: dict = {}
+    if Path(args.path).exists():
+        return res
+    t0 = time.time()
+    try:
+        make_model(args.path, preset="qwen3.8-27b-seedmix", layers=args.layers)
+        res["vocab"] = "real"
+    except Exception as e:  # noqa: BLE001 - the real vocabulary needs an extra package
+        print(f"real vocabulary unavailable ({e}); synthetic 248320-token vocabulary", flush=True)
+        make_model(args.path, preset="qwen3.8-27b-seedmix", layers=args.layers,
+                   vocab="small:248320")
+        res["vocab"] = "small:248320"
+    res["generate_s"] = time.time() - t0
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budgets", default="16GiB,12GiB,8GiB")
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--path", default="/tmp/seedmix.gguf")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        try:
+            r = one(args)
+        except Exception as e:  # noqa: BLE001 - report, do not lose the other budgets
+            import traceback
+            traceback.print_exc()
+            r = {"budget": args.one, "error": f"{type(e).__name__}: {e}"}
+        Path(args.child_out).write_text(json.dumps(r, default=str))
+        return 0
+    res = generate(args)
+    print(f"model {args.path}: {os.path.getsize(args.path) / 1e9:.2f} GB", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res["runs"] = []
+    for b in args.budgets.split(","):
+        child = out / f"plan_vram_{b}.json"
+        cmd = [sys.executable, __file__, "--one", b, "--ctx", str(args.ctx), "--tokens",
+               str(args.tokens), "--path", args.path, "--child-out", str(child)]
+        t0 = time.time()
+        subprocess.run(cmd, check=False)
+        r = json.loads(child.read_text()) if child.exists() else {"budget": b, "error": "no result"}
+        r["child_wall_s"] = time.time() - t0
+        res["runs"].append(r)
+        print(json.dumps(r, default=str), flush=True)
+    (out / "plan_vram.json").write_text(json.dumps(res, indent=1, default=str))
+    G = 2 ** 30
+    print(f"\n== placed load + decode, seed-mix 27B, ctx {args.ctx} ==")
+    print(f"{'budget':>7} {'plan GiB':>8} {'arena':>6} {'resv GiB':>8} {'alloc':>6} {'dev used':>8} "
+          f"{'host GB':>7} {'load s':>6} {'up GB/s':>7} {'RSS GiB':>7} {'anon':>5} {'tok/s':>6} "
+          f"{'roof':>5} {'llama.cpp':>9}")
+    for r in res["runs"]:
+        if "tok_s" not in r:
+            print(f"{r['budget']:>7}  {r.get('error', '?')}")
+            continue
+        print(f"{r['budget']:>7} {r['planned_total'] / G:>8.2f} {r['arena_bytes'] / G:>6.2f} "
+              f"{r['peak_reserved'] / G:>8.2f} {r['peak_allocated'] / G:>6.2f} "
+              f"{r['device_used'] / G:>8.2f} {r['host_weight_bytes'] / 1e9:>7.2f} "
+              f"{r['load_s']:>6.1f} {r['upload_GBps']:>7.2f} {r.get('VmHWM', 0) / G:>7.2f} "
+              f"{r.get('RssAnon', 0) / G:>5.2f} {r['tok_s']:>6.2f} "
+              f"{r.get('host_roofline_ratio', float('nan')):>5.2f} {LLAMA_PARTIAL_TOK_S:>9.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
