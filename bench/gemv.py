@@ -3,7 +3,10 @@
   python3 bench/gemv.py --out $OUT            # defaults: ONE device call, ~3-5 minutes
 
 Implementations (--impls): v1 (gemv_kernel.py, dp4a), v2 (gemv2.py, int8 tensor cores, raw GGUF
-blocks), v2p (v2 on the planar re-layout, gemv2_layout.relayout).
+blocks), v2p (v2 on the planar re-layout, gemv2_layout.relayout), v2n1 / v2n1p (v2's dp4a
+small-N path, gemv2_small.py, raw / planar; N <= 2 only, other N are skipped), e.g.
+  python3 bench/gemv.py --out $OUT --impls v1,v2,v2n1,v2n1p --ns 1,2,8
+--configs applies to every implementation (keys R, KB, SPLIT, num_warps).
 Correctness: at real shapes, sampled rows vs NumPy dequantization + float64 matmul (both with the
 float x, bound 2 %, and with the int8-quantized x the kernel actually sees, bound 1e-4).
 Timing: S weight sets (S*bytes >> 60 MB L2) replayed from one CUDA graph, per matrix, activation
@@ -96,15 +99,30 @@ def copy_bw(dtype):
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
+def planar_impl(impl):
+    return impl in ("v2p", "v2n1p")
+
+
+def skip(impl, t, n):
+    """Implementations that do not run this type / column count."""
+    return (impl != "v1" and t not in V2_TYPES) or (impl.startswith("v2n1") and n > 2)
+
+
 def call(impl, x, w, t, n_out, n_in, out, cfg=None):
-    """One GEMV by implementation name; w is planar for v2p."""
+    """One GEMV by implementation name; w is planar for v2p / v2n1p."""
     if impl == "v1":
         os.environ["TIGHTFIT_GEMV"] = "v1"
         try:
             return gemv(x, w, t, n_out, n_in, out=out, config=cfg)
         finally:
             os.environ["TIGHTFIT_GEMV"] = "v2"
-    return gemv2(x, w, t, n_out, n_in, out=out, planar=impl == "v2p", config=cfg)
+    if impl.startswith("v2n1"):
+        cfg = {**(cfg or {}), "PATH": "dp4a"}
+    elif impl in ("v2", "v2p"):
+        cfg = {**(cfg or {}), "PATH": "tc"}
+    else:
+        raise ValueError(f"unknown implementation {impl!r}")
+    return gemv2(x, w, t, n_out, n_in, out=out, planar=planar_impl(impl), config=cfg)
 
 
 def find_csv(arg):
@@ -136,8 +154,10 @@ def check(t, n_in, n_out, ns, gen, impls, rows=128):
     for impl in impls:
         if impl != "v1" and t not in V2_TYPES:
             continue
-        wi = relayout_torch(w, t) if impl == "v2p" else w
+        wi = relayout_torch(w, t) if planar_impl(impl) else w
         for n in ns:
+            if skip(impl, t, n):
+                continue
             x = torch.randn(n, n_in, device="cuda")
             out = torch.full((n, n_out), float("nan"), device="cuda")
             y = call(impl, x, wi, t, n_out, n_in, out).cpu().numpy()
@@ -161,12 +181,16 @@ def timeit(t, n_in, n_out, ns, gen, impls, cfg=None, min_bytes=1.5e9):
     sets = max(8, math.ceil(min_bytes / nbytes))
     ws = [rand_weights(t, n_out, n_in, gen) for _ in range(sets)]
     res = []
-    for impl in sorted(impls, key=lambda i: i == "v2p"):     # v2p last: it re-lays ws out
+    relaid = False
+    for impl in sorted(impls, key=planar_impl):     # planar ones last: they re-lay ws out
         if impl != "v1" and t not in V2_TYPES:
             continue
-        if impl == "v2p":
+        if planar_impl(impl) and not relaid:
             ws = [relayout_torch(w, t) for w in ws]
+            relaid = True
         for n in ns:
+            if skip(impl, t, n):
+                continue
             x = torch.randn(n, n_in, device="cuda")
             outs = [torch.empty(n, n_out, device="cuda") for _ in range(sets)]
 
@@ -271,7 +295,7 @@ def report(results, bw, bwm, wall):
     print("CHECK impl type n_in n_out N relerr relerr_qx ok")
     for r in results:
         if r["kind"] == "check":
-            print(f"C {r['impl']:3s} {r['type']:7s} {r['n_in']:6d} {r['n_out']:6d} {r['N']:2d} "
+            print(f"C {r['impl']:5s} {r['type']:7s} {r['n_in']:6d} {r['n_out']:6d} {r['N']:2d} "
                   f"{r['relerr']:.2e} {r['relerr_qx']:.1e} {r['ok']}")
     bad = [r for r in results if r["kind"] == "check" and not r["ok"]]
     print(f"checks: {sum(r['kind'] == 'check' for r in results) - len(bad)} ok, {len(bad)} bad")
@@ -285,7 +309,7 @@ def report(results, bw, bwm, wall):
         rt = f"{r['us'] / b1:.2f}" if b1 else "–"
         u1 = v1.get((r["type"], r["n_in"], r["n_out"], r["N"]))
         xv = f"{u1 / r['us']:.2f}" if u1 else "–"
-        print(f"| {r['impl']} | {r['type']} | {r['n_in']}→{r['n_out']} | {r['N']} | {r['us']:.1f} | "
+        print(f"| {r['impl']:5s} | {r['type']} | {r['n_in']}→{r['n_out']} | {r['N']} | {r['us']:.1f} | "
               f"{r['GBps']:.0f} | {r['pct_copy']:.0f} | {xl} | {xv} | {rt} |"
               + (f" cfg {r['cfg']}" if r.get("cfg") else ""))
 

@@ -22,8 +22,9 @@ torch = pytest.importorskip("torch")
 
 from tightfit.kernels import gemv as disp  # noqa: E402
 from tightfit.kernels.gemv import gemv_ref, type_name  # noqa: E402
-from tightfit.kernels.gemv2 import gemv2, prep_for, PERM  # noqa: E402
-from tightfit.kernels.gemv2_act import prep_act2, prep_act2_ref  # noqa: E402
+from tightfit.kernels import gemv2 as g2  # noqa: E402
+from tightfit.kernels.gemv2 import gemv2, prep_for, PERM, PERM_SMALL  # noqa: E402
+from tightfit.kernels.gemv2_act import prep_act2, prep_act2_ref, perm_table  # noqa: E402
 from tightfit.kernels.gemv2_layout import (FORMATS, GROUP, relayout, unrelayout,  # noqa: E402
                                            relayout_torch, field_args)
 from tightfit.kernels.quantize_act import quantize_act_ref  # noqa: E402
@@ -128,7 +129,7 @@ def test_relayout_roundtrip(t):
         relayout(np.zeros(bb + 1, np.uint8), t)
 
 
-@pytest.mark.parametrize("S,perm", [(32, 0), (32, 1), (16, 0)])
+@pytest.mark.parametrize("S,perm", [(32, 0), (32, 1), (32, 2), (16, 0)])
 @pytest.mark.parametrize("n", [1, 3, 8, 16])
 def test_prep_act2(S, perm, n):
     x = np.random.default_rng(n + S).standard_normal((n, 512)).astype(np.float32)
@@ -138,6 +139,49 @@ def test_prep_act2(S, perm, n):
     assert np.array_equal(a.b.numpy(), b)
     np.testing.assert_allclose(a.xs.numpy(), xs, rtol=1e-6, atol=0)
     np.testing.assert_allclose(a.xsum.numpy(), xsum, rtol=1e-5, atol=1e-6)
+    # q: the int8 activations of the v1 quantizer reference, each 32 in decode order `perm`
+    q, _, _ = quantize_act_ref(x)
+    q = q.reshape(n, -1, 32)[:, :, perm_table(perm)].reshape(n, -1)
+    assert np.array_equal(a.q.numpy(), q)
+    small = prep_act2(torch.from_numpy(x), S, perm, with_b=False)
+    assert not small.has_b and np.array_equal(small.q.numpy(), q)
+    assert np.array_equal(small.xs.numpy(), a.xs.numpy())
+
+
+@pytest.mark.parametrize("planar", [False, True], ids=["raw", "planar"])
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("t", TYPES, ids=type_name)
+def test_gemv2_small(t, n, planar):
+    """The dp4a small-N path (gemv2_small), default config (R=64 > n_out: clamped rows)."""
+    check(t, n, 16, 512, seed=300 * t + n, planar=planar, config={"PATH": "dp4a"})
+
+
+@pytest.mark.parametrize("t", TYPES, ids=type_name)
+def test_gemv2_small_edges(t):
+    """Small path: rows not a multiple of R, NB=3 blocks with KB=2 (a clamped, zero-scaled
+    block), split-K with the reduce pass."""
+    check(t, 2, 40, 768, seed=11 * t, planar=t % 2 == 1,
+          config={"PATH": "dp4a", "R": 16, "KB": 2, "SPLIT": 2, "num_warps": 2})
+    check(t, 1, 24, 768, seed=13 * t, planar=False,
+          config={"PATH": "dp4a", "R": 32, "KB": 1, "SPLIT": 1, "num_warps": 1})
+
+
+def test_gemv2_small_routing(monkeypatch):
+    assert g2.SMALL_N == 0 and not g2.use_small(1)          # off until measured on the device
+    assert g2.use_small(2, {"PATH": "dp4a"}) and not g2.use_small(3, {"PATH": "dp4a"})
+    assert not g2.use_small(1, {"PATH": "tc"})
+    with pytest.raises(ValueError):
+        g2.use_small(1, {"PATH": "mma"})
+    monkeypatch.setattr(g2, "SMALL_N", 2)
+    assert g2.use_small(2) and not g2.use_small(3) and not g2.use_small(1, {"PATH": "tc"})
+    # activations prepared for one path are refused by the other
+    x = torch.randn(1, 256)
+    w = torch.zeros(16 * 136, dtype=torch.uint8)
+    with pytest.raises(ValueError):
+        g2.gemv2_prepared(prep_for(x, 23, small=True), w, 23, 16, config={"PATH": "tc"})
+    with pytest.raises(ValueError):
+        g2.gemv2_prepared(prep_for(x, 23), w, 23, 16, config={"PATH": "dp4a"})
+    assert PERM_SMALL[23] != PERM[23]
 
 
 def test_prep_shared_by_family():

@@ -10,6 +10,13 @@ import pytest
 
 from tightfit.model.generate import make_model, sha256_file
 
+# The golden files' bytes include the shared vocabulary fixture and chat template: without the
+# shared folder the regenerated files cannot match what llama.cpp saw.
+_SHARED = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared"
+pytestmark = pytest.mark.skipif(not (_SHARED / "fixtures" / "Qwen3.5-4B.jinja").exists(),
+                                reason=f"shared fixtures (vocabulary, chat template) not found at {_SHARED}")
+
+
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = json.loads((ROOT / "tests" / "goldens" / "manifest.json").read_text())
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")

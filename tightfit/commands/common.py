@@ -52,10 +52,11 @@ def resolve_model(a: argparse.Namespace) -> str:
     return str(path)
 
 
-def load_from_args(a: argparse.Namespace):
+def load_from_args(a: argparse.Namespace, path: str | None = None):
+    """The engine the model arguments describe (every generating command loads through here)."""
     from tightfit.runtime.loader import load_engine
     if a.threads:
         import torch
         torch.set_num_threads(a.threads)
     kw = {"vram": a.vram} if getattr(a, "vram", None) else {}
-    return load_engine(resolve_model(a), device=a.device, n_ctx=a.ctx_size, kv_type=a.kv_type, **kw)
+    return load_engine(path or resolve_model(a), device=a.device, n_ctx=a.ctx_size, kv_type=a.kv_type, **kw)

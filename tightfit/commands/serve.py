@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from tightfit.commands.common import add_model_args, resolve_model
+from tightfit.commands.common import add_model_args, load_from_args, resolve_model
 from tightfit.errors import UserError
 
 
@@ -42,7 +42,6 @@ def main(a: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from tightfit.runtime.loader import load_engine
     from tightfit.server.app import create_app
 
     if not 0 <= a.port <= 65535:
@@ -77,7 +76,7 @@ def main(a: argparse.Namespace) -> int:
             server.should_exit = True
 
     def loader():
-        engine = load_engine(path, device=a.device, n_ctx=a.ctx_size)
+        engine = load_from_args(a, path)
         if drafters is None:
             return engine
         from tightfit.runtime.spec import build_speculative

@@ -37,6 +37,7 @@ from tightfit.kernels.gemv2_layout import FORMATS, GROUP, MACRO, V2_TYPES, field
 from tightfit.kernels.gemv2_small import gemv2_small_prepared
 
 PERM = {23: 1}        # decode order of IQ4_XS inside each 32 (gemv2_act.perm_table)
+PERM_SMALL = {23: 2}  # the same for the dp4a small-N path (gemv2_small)
 # N <= SMALL_N runs the dp4a small-N path by default (0: only when config["PATH"] == "dp4a")
 SMALL_N = 0
 
@@ -146,11 +147,12 @@ def use_small(n: int, config: dict | None = None) -> bool:
     return path == "dp4a" and n <= 2
 
 
-def prep_for(x: torch.Tensor, qtype: int, out: Act2 | None = None, with_b: bool = True) -> Act2:
+def prep_for(x: torch.Tensor, qtype: int, out: Act2 | None = None, small: bool = False) -> Act2:
     """Prepared activations for `qtype` (shareable by all v2 matrices with the same group size
-    and decode order, e.g. Q4_K/Q5_K/Q8_0 together, Q6_K/Q3_K together). with_b=False: only
-    what the small-N path reads."""
-    return prep_act2(x, GROUP[qtype], PERM.get(qtype, 0), out, with_b=with_b)
+    and decode order, e.g. Q4_K/Q5_K/Q8_0 together, Q6_K/Q3_K together). small=True: for the
+    dp4a small-N path (its IQ4_XS decode order, no b)."""
+    perm = (PERM_SMALL if small else PERM).get(qtype, 0)
+    return prep_act2(x, GROUP[qtype], perm, out, with_b=not small)
 
 
 def gemv2_prepared(act: Act2, w: torch.Tensor, qtype: int, n_out: int, planar: bool = False,
@@ -158,9 +160,10 @@ def gemv2_prepared(act: Act2, w: torch.Tensor, qtype: int, n_out: int, planar: b
     qtype = int(qtype)
     if qtype not in V2_TYPES:
         raise ValueError(f"gemv v2: type {qtype} not supported")
-    if not act.fits(GROUP[qtype], PERM.get(qtype, 0)):
-        raise ValueError("gemv v2: activations were prepared for another format family")
     n, n_in = act.n, act.k
+    small = use_small(n, config)
+    if not act.fits(GROUP[qtype], (PERM_SMALL if small else PERM).get(qtype, 0)):
+        raise ValueError("gemv v2: activations were prepared for another format family or path")
     nb = n_in // 256
     if w.numel() != n_out * nb * MACRO[qtype]:
         raise ValueError(f"gemv v2: w has {w.numel()} bytes, expected "
@@ -168,7 +171,7 @@ def gemv2_prepared(act: Act2, w: torch.Tensor, qtype: int, n_out: int, planar: b
     if out is None:
         out = torch.empty((n, n_out), dtype=torch.float32, device=w.device)
     emu = _interpret() or w.device.type != "cuda"
-    if use_small(n, config):
+    if small:
         return gemv2_small_prepared(act, w, qtype, n_out, planar, out, config, emu)
     if not act.has_b:
         raise ValueError("gemv v2: activations were prepared without b (small-N path only)")
@@ -202,7 +205,7 @@ def gemv2(x: torch.Tensor, w: torch.Tensor, qtype: int, n_out: int, n_in: int,
         x = x[None, :]
     if x.shape[1] != n_in:
         raise ValueError(f"gemv v2: x has {x.shape[1]} columns, expected {n_in}")
-    act = prep_for(x, int(qtype), with_b=not use_small(x.shape[0], config))
+    act = prep_for(x, int(qtype), small=use_small(x.shape[0], config))
     return gemv2_prepared(act, w, qtype, n_out, planar=planar, out=out, config=config)
 
 

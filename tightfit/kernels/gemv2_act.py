@@ -41,11 +41,15 @@ def geometry(S: int, n: int) -> dict:
 
 def perm_table(perm: int) -> np.ndarray:
     """position (0..31) inside a 32-group -> element. 1: IQ4 lookup order, decoded word 2i+h of
-    a sub-block holds (lo, hi, lo, hi) nibbles of bytes 2h, 2h+1 of qs word i."""
+    a sub-block holds (lo, hi, lo, hi) nibbles of bytes 2h, 2h+1 of qs word i. 2: the same
+    lookup words, those of bytes 0, 1 of every qs word first (word i), then bytes 2, 3 (4 + i)
+    (the dp4a small-N path reads each half as one 16-byte vector)."""
     r = np.arange(32)
     if perm == 0:
         return r
     w, k = r // 4, r % 4
+    if perm == 2:
+        return 4 * (w % 4) + 2 * (w // 4) + k // 2 + 16 * (k % 2)
     return 4 * (w // 2) + 2 * (w % 2) + k // 2 + 16 * (k % 2)
 
 
@@ -53,6 +57,10 @@ def perm_table(perm: int) -> np.ndarray:
 def _perm(r, PERM: tl.constexpr):
     if PERM == 0:
         return r
+    elif PERM == 2:
+        w = r // 4
+        k = r % 4
+        return 4 * (w % 4) + 2 * (w // 4) + k // 2 + 16 * (k % 2)
     else:
         w = r // 4
         k = r % 4
@@ -64,6 +72,9 @@ def _iperm(e, PERM: tl.constexpr):
     """Inverse of _perm: element (0..31) -> its position in the decode order."""
     if PERM == 0:
         return e
+    elif PERM == 2:
+        ep = e % 16
+        return 4 * (4 * ((ep % 4) // 2) + ep // 4) + 2 * (ep % 2) + e // 16
     else:
         ep = e % 16
         return 4 * (2 * (ep // 4) + (ep % 4) // 2) + 2 * (ep % 2) + e // 16

@@ -134,12 +134,12 @@ def small_case(qtype: int, n: int, n_out: int = 17408, nb: int = 20, planar: boo
     return gemv2s_kernel, SIG, const, cfg["num_warps"], cfg["R"] * cfg["KB"] * 256
 
 
-def table(types=(23, 12, 13, 14, 11, 8), ns=(1, 8), planar=False, which=("tc", "small")):
+def table(types=(23, 12, 13, 14, 11, 8), ns=(1, 2, 8), planar=False, which=("tc", "small")):
     rows = []
     for t in types:
         for n in ns:
             for w in which:
-                if w == "small" and n > 2:
+                if (w == "small") != (n <= 2) and n != 1:
                     continue
                 fn, sig, const, warps, wpi = (tc_case if w == "tc" else small_case)(
                     t, n, planar=planar)

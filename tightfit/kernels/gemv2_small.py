@@ -51,6 +51,36 @@ def dp4a_us(a, b, c, EMU: tl.constexpr):
                                          [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
 
 
+_KV = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
+_KVW = ["0x%08x" % sum((_KV[4 * t + k] & 255) << (8 * k) for k in range(4)) for t in range(4)]
+# gemv2_decode.lut_iq4 as one asm block with the table words as immediates (as separate prmt
+# calls ptxas re-materializes the 4 table registers before most of them: ~1 extra instruction
+# per prmt in the SASS)
+_LUT_ASM = tl.constexpr("{ .reg .b32 s, e, t, u;\n"
+            "and.b32 s, $2, 0x77777777;\n"
+            "shr.b32 e, $2, 1;\n"
+            "and.b32 e, e, 0x44444444;\n"
+            "or.b32 e, e, 0x32103210;\n"
+            f"prmt.b32 t, {_KVW[0]}, {_KVW[1]}, s;\n"
+            f"prmt.b32 u, {_KVW[2]}, {_KVW[3]}, s;\n"
+            "prmt.b32 $0, t, u, e;\n"
+            "shr.b32 s, s, 16;\n"
+            "shr.b32 e, e, 16;\n"
+            f"prmt.b32 t, {_KVW[0]}, {_KVW[1]}, s;\n"
+            f"prmt.b32 u, {_KVW[2]}, {_KVW[3]}, s;\n"
+            "prmt.b32 $1, t, u, e; }")
+
+
+@triton.jit
+def lut_iq4_fast(w, EMU: tl.constexpr):
+    """gemv2_decode.lut_iq4 (8 IQ4 nibbles -> 2 words of kvalues bytes) in one asm block."""
+    if EMU:
+        return lut_iq4(w, EMU)
+    else:
+        return tl.inline_asm_elementwise(_LUT_ASM, "=r,=r,r", [w], dtype=(tl.int32, tl.int32),
+                                         is_pure=True, pack=1)
+
+
 @triton.jit
 def _q4(t):
     """[..., 4] -> its 4 entries along the last (in-thread) axis."""
@@ -165,30 +195,34 @@ def body_q45k(w, blk, ok, kbc, q32, xs_ptr, xsum_ptr, KW, P0, P1, P2, P3, Q5: tl
 @triton.jit
 def body_iq4xs(w, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, P2, PLANAR: tl.constexpr,
                NC: tl.constexpr, EMU: tl.constexpr):
-    """[8 sub-blocks g, R, KB, 4 words]; word i of sub-block g -> activation words 8g+2i, +1
-    (the decode order, gemv2_act PERM 1)."""
+    """[8 sub-blocks g, 2 pairs p, R, KB, 2 words j] (raw blocks are 136 bytes: 8-byte vectors);
+    word i = 2p + j of sub-block g -> activation words 8g+i, 8g+4+i (decode order PERM 2)."""
     BB: tl.constexpr = 136
-    g4 = tl.arange(0, 8)[:, None, None, None]
-    i4 = tl.arange(0, 4)[None, None, None, :]
-    qs = _ld(fbase(w, P0, 8, PLANAR) + blk[None, :, :, None] * (128 if PLANAR else BB),
-             4 * g4 + i4, True)
-    r0, r1 = lut_iq4(qs, EMU)
-    sl = _ld(fbase(w, P1, 4, PLANAR) + blk * (4 if PLANAR else BB), 0, True)[None, :, :]
-    dsh = _ld(fbase(w, P2, 0, PLANAR) + blk * (4 if PLANAR else BB), 0, True)
-    d = tl.where(ok, lo_f16(dsh), 0.0)[None, :, :]
-    g3 = tl.arange(0, 8)[:, None, None]
-    ls = ((sl >> (4 * g3)) & 15) | ((((dsh[None, :, :] >> 16) >> (2 * g3)) & 3) << 4)
-    ws = d * (ls - 32).to(tl.float32)                            # [8, R, KB]
-    kb3 = kbc[None, :, :]
+    g5 = tl.arange(0, 8)[:, None, None, None, None]
+    p5 = tl.arange(0, 2)[None, :, None, None, None]
     j5 = tl.arange(0, 2)[None, None, None, None, :]
-    p0 = tl.zeros(ws.shape, tl.float32)
+    i5 = 2 * p5 + j5
+    qs = _ld(fbase(w, P0, 8, PLANAR) + blk[None, None, :, :, None] * (128 if PLANAR else BB),
+             4 * g5 + i5, True)
+    r0, r1 = lut_iq4_fast(qs, EMU)
+    sl = _ld(fbase(w, P1, 4, PLANAR) + blk * (4 if PLANAR else BB), 0, True)[None, None, :, :]
+    dsh = _ld(fbase(w, P2, 0, PLANAR) + blk * (4 if PLANAR else BB), 0, True)
+    d = tl.where(ok, lo_f16(dsh), 0.0)[None, None, :, :]
+    g4 = tl.arange(0, 8)[:, None, None, None]
+    ls = ((sl >> (4 * g4)) & 15) | ((((dsh[None, None, :, :] >> 16) >> (2 * g4)) & 3) << 4)
+    ws = d * (ls - 32).to(tl.float32)                            # [8, 1, R, KB]
+    kb4 = kbc[None, None, :, :]
+    r0a, r0b = tl.split(r0)
+    r1a, r1b = tl.split(r1)
+    p0 = tl.zeros([8, 2, blk.shape[0], blk.shape[1]], tl.float32)
     p1 = p0
     for n in tl.static_range(NC):
-        x = tl.load(q32 + n * KW + (kb3 * 64 + 8 * g3)[:, :, :, None, None]
-                    + 2 * i4[:, :, :, :, None] + j5)             # [8, R, KB, 4, 2] contiguous
-        x0, x1 = tl.split(x)
-        isum = _chain4(r1, x1, _chain4(r0, x0, None, False, EMU), False, EMU)
-        p = isum.to(tl.float32) * (ws * tl.load(xs_ptr + (kb3 * 8 + g3) * NC + n))
+        xb = q32 + n * KW + (kb4 * 64 + 8 * g4)[:, :, :, :, None] + i5
+        x0a, x0b = tl.split(tl.load(xb))
+        x1a, x1b = tl.split(tl.load(xb + 4))
+        isum = dp4a(r1b, x1b, dp4a(r1a, x1a, dp4a(r0b, x0b, dp4a(r0a, x0a, r0a * 0, EMU), EMU),
+                                   EMU), EMU)                    # [8, 2, R, KB]
+        p = isum.to(tl.float32) * (ws * tl.load(xs_ptr + (kb4 * 8 + g4) * NC + n))
         if n == 0:
             p0 = p
         else:
@@ -323,11 +357,9 @@ def gemv2s_kernel(w_ptr, q_ptr, xs_ptr, xsum_ptr, out_ptr, N, n_out, NB, P0, P1,
     kb_i = tl.arange(0, KB)[None, :]
     KW = NB * 64                                # int32 words per activation row
     q32 = q_ptr.to(tl.pointer_type(tl.int32))
-    if FMT == 23:
-        acc0 = tl.zeros([8, R, KB], tl.float32)
-    elif FMT == 11:
+    if FMT == 11:
         acc0 = tl.zeros([2, 2, R, KB], tl.float32)
-    elif FMT == 8:
+    elif FMT == 8 or FMT == 23:
         acc0 = tl.zeros([8, 2, R, KB], tl.float32)
     else:
         acc0 = tl.zeros([4, 2, R, KB], tl.float32)
@@ -367,17 +399,14 @@ def gemv2s_kernel(w_ptr, q_ptr, xs_ptr, xsum_ptr, out_ptr, N, n_out, NB, P0, P1,
 @triton.jit
 def _rows(acc, FMT: tl.constexpr):
     """Sum an accumulator [fields..., R, KB] over everything but its row dim."""
-    if FMT == 23:
-        y = tl.sum(acc, axis=0)
-    else:
-        y = tl.sum(tl.sum(acc, axis=0), axis=0)
-    return tl.sum(y, axis=1)
+    return tl.sum(tl.sum(tl.sum(acc, axis=0), axis=0), axis=1)
 
 
 def pick_config_small(qtype: int, n: int, n_out: int, nb: int) -> dict:
-    """R rows x KB macro-blocks per program (each thread holds one 16-byte vector of quants per
-    (row, block, group) slot), split-K so that >= ~2 programs per SM of a 132-SM H200 exist."""
-    R, KB, warps = 32, 2, 4
+    """R rows x KB macro-blocks per program; R*KB = 32 * num_warps puts one whole block in each
+    thread's registers (the SASS-counted optimum, bench/NOTES.md); split-K so that >= ~2
+    programs per SM of a 132-SM H200 exist."""
+    R, KB, warps = 64, 2, 4
     tiles = triton.cdiv(n_out, R)
     split = 1
     chunks = triton.cdiv(nb, KB)

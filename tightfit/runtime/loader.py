@@ -38,9 +38,10 @@ def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, kv_typ
             from tightfit.model.executor import GPUModel  # the graph-captured GPU executor
         except ImportError as e:
             raise UserError(f"the GPU executor is not available in this build ({e})") from e
+        if kv_type.lower() != "f16":   # never a silent downgrade of the asked-for cache format
+            raise UserError(f"--kv-type {kv_type}: the GPU executor runs an f16 KV cache only so far "
+                            "(quantized caches run on --device cpu)")
         if plan is None and vram is not None:
-            if kv_type != "f16":
-                raise UserError(f"--kv-type {kv_type}: the placed GPU path runs f16 KV only")
             from tightfit.model.placed import plan_for
             plan = plan_for(path, n_ctx or min(mf.config.n_ctx_train, 4096), vram,
                             kv_type=kv_type, host_embd=host_embd, device=device)
