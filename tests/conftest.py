@@ -12,6 +12,21 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
+# a ggml abort inside llama.cpp (an oracle) must fail fast, not hang in its gdb backtrace hook
+__import__("os").environ.setdefault("GGML_NO_BACKTRACE", "1")
+
+# CI runs every property test on the same examples (a red CI must be reproducible); locally
+# hypothesis explores new ones on every run.
+try:
+    import os
+
+    from hypothesis import settings as _hsettings
+    _hsettings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+    if os.environ.get("CI"):
+        _hsettings.load_profile("ci")
+except ImportError:   # pragma: no cover - hypothesis is a test dependency
+    pass
+
 
 def shared_path(rel: str) -> Path:
     """A file under ../shared, or skip the test when the folder is absent (outside this workplace)."""

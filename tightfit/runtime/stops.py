@@ -1,7 +1,10 @@
 """Stop strings on the streamed text, across token boundaries.
 
 Text that could still turn into a stop string is held back until it either completes the stop
-(everything from the stop on is dropped) or is proven innocent by the next piece.
+(everything from the stop on is dropped) or is proven innocent by the next piece. Generation stops
+at the stop string that is completed first (as llama-server does); if several complete at the same
+character, the one that starts earliest wins. The result does not depend on how the text is cut
+into pieces.
 """
 from __future__ import annotations
 
@@ -23,14 +26,14 @@ class StopMatcher:
         if not self.stops:
             out, self.pending = self.pending, ""
             return out
-        first = None
+        first = None   # (end, start, stop) of the earliest-completed stop string
         for s in self.stops:
             i = self.pending.find(s)
-            if i >= 0 and (first is None or i < first[0]):
-                first = (i, s)
+            if i >= 0 and (first is None or (i + len(s), i) < first[:2]):
+                first = (i + len(s), i, s)
         if first is not None:
-            self.stopped, self.matched = True, first[1]
-            out, self.pending = self.pending[: first[0]], ""
+            self.stopped, self.matched = True, first[2]
+            out, self.pending = self.pending[: first[1]], ""
             return out
         hold = self._held_suffix_len()
         cut = len(self.pending) - hold
