@@ -10,7 +10,10 @@ the rest:
 2. NFC (when on) is skipped for text Python already reports NFC-normal, else done by the same
    `tokenizers` NFC normaliser (see `_nfc` for why that skip is exact);
 3. the split regex runs in the `regex` module (C), and each piece's ids come from a piece cache,
-   filled by the BPE model of the `tokenizers` object on a miss.
+   filled by the BPE model of the `tokenizers` object on a miss (one `model.tokenize` call per
+   new piece: measured quicker than sending all new pieces of a text through one pre-tokenized
+   `encode_batch_fast` call, whose Encoding and added-token bookkeeping cost more than the
+   per-call overhead saved; the merges themselves are most of the cost of a new piece).
 
 Equivalence: `regex`, Oniguruma and llama.cpp classify every code point assigned in Python's
 Unicode database identically for this split (checked exhaustively in the tests). Code points
@@ -38,7 +41,7 @@ class FastEncoder:
         user = [t for t in texts if t not in control]
         self._re_all = regex.compile("|".join(map(regex.escape, texts))) if texts else None
         self._re_user = regex.compile("|".join(map(regex.escape, user))) if user else None
-        self._cache: dict[str, list[int]] = {}
+        self._cache: dict[str, tuple[int, ...]] = {}
         self._known: set[str] = set()      # non-ASCII characters Python's Unicode data knows
 
     def _all_known(self, text: str) -> bool:
@@ -91,7 +94,11 @@ class FastEncoder:
         for p in pieces:
             ids = get(p)
             if ids is None:
-                ids = [t.id for t in tokenize(p.encode("utf-8").decode("latin-1").translate(SPELL))]
+                # A tuple, not a list: tuples of ints drop out of the garbage collector's
+                # tracking, so the cache does not make every collection walk it (measured: cold
+                # encode of 1 MB of mixed text ~18% quicker, and a full cache costs nothing).
+                ids = tuple([t.id for t in
+                             tokenize(p.encode("utf-8").decode("latin-1").translate(SPELL))])
                 if len(cache) >= _CACHE_LIMIT:
                     cache.clear()
                 cache[p] = ids
