@@ -38,14 +38,21 @@ def _rope(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 def qk_prep_block(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qn_w: torch.Tensor,
                   kn_w: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  kcache: torch.Tensor, vcache: torch.Tensor, p0: int, eps: float) -> torch.Tensor:
-    """qg [n, H*2D], k/v [n, Hkv*D] fp32 -> q [n, H, D] fp32; writes cache rows p0..p0+n-1."""
+                  kcache: torch.Tensor, vcache: torch.Tensor, p0: int, eps: float,
+                  kv_type: str | None = None) -> torch.Tensor:
+    """qg [n, H*2D], k/v [n, Hkv*D] fp32 -> q [n, H, D] fp32; writes cache rows p0..p0+n-1
+    (quantize-on-write, kvquant.reference.write_rows, for byte caches of a quantized kv_type)."""
     n = qg.shape[0]
-    Hkv, D = kcache.shape[1], kcache.shape[2]
+    Hkv = kcache.shape[1]
+    D = qn_w.shape[-1]
     H = qg.shape[1] // (2 * D)
     c, s = cos[p0:p0 + n], sin[p0:p0 + n]
     q = _rope(_rms(qg.view(n, H, 2 * D)[..., :D], qn_w, eps), c, s)
     kk = _rope(_rms(k.view(n, Hkv, D), kn_w, eps), c, s)
+    if kv_type:
+        from tightfit.kvquant.reference import write_rows
+        write_rows(kcache, vcache, p0, kk, v.view(n, Hkv, D), kv_type)
+        return q
     kcache[p0:p0 + n] = kk.to(kcache.dtype)
     vcache[p0:p0 + n] = v.view(n, Hkv, D).to(vcache.dtype)
     return q

@@ -11,7 +11,8 @@ the useful range):
 * Gated DeltaNet: tightfit.kernels.gdn_chunk (causal conv over the block continuing from the
   stored rows; chunked gated delta rule from the active bank's state);
 * attention: tightfit.kernels.attn_prefill (q/k norm + RoPE, K/V rows p0..p0+n-1 written to the
-  cache, causal SDPA over the prefix and the block);
+  cache, causal SDPA over the prefix and the block); with a quantized KV cache the rows are
+  quantized on write and attention is kvquant.reference.attention_quant over the codes;
 * norms, SwiGLU, gates: torch ops (the norms take their mean in float64 like the reference).
 
 State protocol (tightfit/runtime/gpu_state.py): a chunk reads the active bank (status[0], read
@@ -140,9 +141,14 @@ class BatchForward:
         qg = self.lin(xn, p + "attn_q.weight")
         k = self.lin(xn, p + "attn_k.weight")
         vv = self.lin(xn, p + "attn_v.weight")
+        kvt = getattr(st, "kv_type", None)
         q = AP.qk_prep_block(qg, k, vv, v[p + "attn_q_norm.weight"], v[p + "attn_k_norm.weight"],
-                             self.m.cos, self.m.sin, st.k[s], st.v[s], p0, c.rms_eps)
-        o = AP.attn_prefill(q, st.k[s], st.v[s], p0)
+                             self.m.cos, self.m.sin, st.k[s], st.v[s], p0, c.rms_eps, kvt)
+        if kvt:      # quantized cache: the torch twin of attn_decode_q (tiles of decoded codes)
+            from tightfit.kvquant.reference import attention_quant
+            o = attention_quant(q, st.k[s], st.v[s], p0, kvt)
+        else:
+            o = AP.attn_prefill(q, st.k[s], st.v[s], p0)
         o = o * torch.sigmoid(qg.view(n, H, 2 * D)[..., D:])
         return self.lin(o.reshape(n, H * D), p + "attn_output.weight")
 

@@ -34,6 +34,12 @@ Workspace (device bytes besides weights and state), see `workspace_bytes()`: act
 ~ (4 E + 3 n_ff + 2 conv_dim + 3 value_dim + 4 H D + 2 kv_dim) * 4 + logits n_vocab * 4, their
 int8 quantized copies (~1.2x the quantized inputs' elements), RoPE tables n_ctx * n_rot * 4,
 split-K workspace H * ceil(n_ctx/chunk) * (D + 2) * 4.
+
+Quantized KV cache (`kv_type=` q8_0, tq3, tq4, `<k>+<v>`; not with a placement yet): the state
+holds byte caches, the step quantizes the new K/V row at the device position
+(tightfit.kernels.kv_write_q) and attention reads the codes (tightfit.kernels.attn_decode_q,
+single pass / split-K as above; its workspace adds R (D*D*4) and q_rot/o_rot (2*H*D*4)); the
+batched prefill writes with kvquant.reference.write_rows and attends with attention_quant.
 """
 from __future__ import annotations
 
@@ -117,9 +123,19 @@ class GPUModel:
                  n_ctx: int | None = None, use_triton: bool | None = None,
                  chunk: int = A.DEFAULT_CHUNK, use_graphs: bool | None = None,
                  lazy_check: bool = False, prefill_chunk: int | None = None,
-                 batched: bool = True, plan: Any = None, progress: bool | None = None):
+                 batched: bool = True, plan: Any = None, progress: bool | None = None,
+                 kv_type: str | None = None):
         config.validate()
         self.config = c = config
+        # KV cache: fp16, or a quantized type (tightfit.kvquant) read by attn_decode_q
+        from tightfit.runtime.state import quant_kv_type
+        self.kv_type = quant_kv_type(kv_type, c)
+        if kv_type is not None and self.kv_type is None and kv_type.lower() != "f16":
+            raise UserError(f"--kv-type {kv_type}: the GPU executor's KV cache is f16 or a "
+                            "quantized type (q8_0, tq3, tq4, <k>+<v>)")
+        if self.kv_type and plan is not None:
+            raise UserError(f"--kv-type {kv_type}: the placed arena (--vram) holds an f16 KV "
+                            "cache only so far; run without --vram or with --kv-type f16")
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise UserError("no CUDA device is available")
@@ -183,6 +199,12 @@ class GPUModel:
         self.op_gdn = G.gdn_step if t else G.gdn_step_ref
         self.op_qk = A.qk_prep if t else A.qk_prep_ref
         self.op_attn = A.attn_decode if t else A.attn_decode_ref
+        if self.kv_type:                   # quantize-on-write + attention over the codes
+            import functools
+            from tightfit.kernels import attn_decode_q as Q
+            from tightfit.kernels import kv_write_q as W
+            self.op_qk = functools.partial(W.qk_prep_q if t else W.qk_prep_q_ref, ws=self.kvw)
+            self.op_attn = Q.attn_decode_q if t else Q.attn_decode_q_ref
 
     @classmethod
     def from_model_file(cls, mf: Any, device: str = "cuda", n_ctx: int | None = None,
@@ -225,8 +247,19 @@ class GPUModel:
         self.logits = z(1, c.n_vocab)
         rot = imrope_pair_uses_position(c.n_rot, c.rope_sections)
         self.cos, self.sin = A.rope_tables(self.n_ctx, c.n_rot, c.rope_freq_base, rot, device=dev)
-        self.ws = A.make_workspace(H, D, self.n_ctx, self.chunk, device=dev)
         self.n_chunks = A.n_chunks_for(self.n_ctx, self.chunk)
+        self.kvw = None
+        if self.kv_type:
+            from tightfit.kernels import attn_decode_q as Q
+            from tightfit.kernels import kv_write_q as W
+            self.ws = Q.make_workspace(self.kv_type, H, D, self.n_ctx, self.chunk, device=dev)
+            if self.ws.m is None:          # split-K buffers for every n_ctx (mode chosen by pos)
+                self.ws.m, self.ws.l = z(H, self.n_chunks), z(H, self.n_chunks)
+                self.ws.acc = z(H, self.n_chunks, D)
+            self.kvw = W.make_write_workspace(self.kv_type, c.n_head_kv, D, R=self.ws.R,
+                                              device=dev)
+        else:
+            self.ws = A.make_workspace(H, D, self.n_ctx, self.chunk, device=dev)
         self._qa: dict = {}        # (buffer id, layout) -> preallocated QuantAct
         self._pinned = None
         self._io = None
@@ -241,7 +274,10 @@ class GPUModel:
         names = ("x", "xn", "mix", "ffo", "u", "y", "zg", "o", "on", "alpha", "beta", "qg", "kk",
                  "vv", "q", "ao", "g", "up", "h", "logits", "cos", "sin")
         n = sum(getattr(self, k).numel() * 4 for k in names)
-        n += sum(t.numel() * t.element_size() for t in self.ws)
+        if self.kv_type:
+            n += self.ws.nbytes + self.kvw.nbytes - self.ws.R.numel() * 4   # R shared
+        else:
+            n += sum(t.numel() * t.element_size() for t in self.ws)
         for qa in self._qa.values():
             n += qa.q.numel() + qa.d.numel() * 4 + qa.s16.numel() * 4
         return n
@@ -252,10 +288,10 @@ class GPUModel:
             raise UserError(f"max_ctx {m} exceeds the executor's n_ctx {self.n_ctx}")
         if self.placed is not None:        # KV + recurrent banks + status in the arena
             return self.placed.new_state(self.config, m)
-        return GPUState(self.config, m, device=self.device)
+        return GPUState(self.config, m, device=self.device, kv_type=self.kv_type)
 
     def state_bytes(self, max_ctx: int | None = None) -> dict[str, int]:
-        return state_bytes(self.config, int(max_ctx or self.n_ctx))
+        return state_bytes(self.config, int(max_ctx or self.n_ctx), self.kv_type)
 
     # ---- matrices -----------------------------------------------------------------------------
     def _quant(self, x: torch.Tensor, layout: int):
@@ -495,8 +531,9 @@ class GPUModel:
         failing chunk, for the batched path)."""
         if logits not in LOGITS_MODES:
             raise UserError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
-        if not isinstance(state, GPUState) or state.config != self.config:
-            raise StateError("state was created for a different model")
+        if not isinstance(state, GPUState) or state.config != self.config \
+                or state.kv_type != self.kv_type:
+            raise StateError("state was created for a different model (or KV cache type)")
         ids = self._token_ids(tokens)
         n = len(ids)
         state.check_usable(n)
@@ -527,8 +564,9 @@ class GPUModel:
         """Speculative verify: run the block [last, d_1..d_k] without committing; returns a
         tightfit.model.batch.Block (logits of every row, normed hidden rows, commit(j) that keeps
         the first j tokens from per-position recurrent states, no re-run)."""
-        if not isinstance(state, GPUState) or state.config != self.config:
-            raise StateError("state was created for a different model")
+        if not isinstance(state, GPUState) or state.config != self.config \
+                or state.kv_type != self.kv_type:
+            raise StateError("state was created for a different model (or KV cache type)")
         ids = self._token_ids(tokens)
         state.check_usable(len(ids))
         state.sync()

@@ -372,8 +372,9 @@ def plan_model(inv: ModelInventory, o: PlanOptions) -> Plan:
     plan.max_ctx_that_fits = _max_ctx(inv, o)
     plan.max_ctx_same_placement = _max_ctx(inv, o, (he, host_rows)) if fits else 0
     if not kv_format(o.kv_type).runtime:
-        plan.notes.append(f"KV format {o.kv_type}: priced exactly; runs on the CPU path (--device cpu), "
-                          "not yet in the GPU attention kernels")
+        plan.notes.append(f"KV format {o.kv_type}: priced exactly; runs on the CPU path (--device cpu); "
+                          "the GPU kernels for it are not yet measured on a device, and the placed "
+                          "(--vram) GPU path does not take it yet")
     if not fits:
         plan.would_fit = _would_fit(inv, o)
     return plan

@@ -4,7 +4,9 @@ Everything the decode step reads or writes lives in tensors allocated once, up f
 step can be captured as a CUDA graph and replayed:
 
 * KV cache `k`, `v`: [n_attn_blocks, max_ctx, Hkv, D] fp16 (allocated for the whole context:
-  the planner prices it as `kv_bytes`);
+  the planner prices it as `kv_bytes`), or with a quantized `kv_type` (q8_0, tq3, `<k>+<v>`,
+  tightfit/kvquant) byte caches uint8 [n_attn_blocks, max_ctx, Hkv, row_bytes] of K's and V's
+  formats (kvquant.reference.alloc_cache), written quantize-on-write;
 * recurrent state, double-banked: `conv` [2, n_rec, K-1, conv_dim] fp32 and `ssm`
   [2, n_rec, Hv, S, S] fp32 ([head, key, value], heads in GGUF tiled order);
 * the status word `status` int32 [4] on the device: (active bank, sticky non-finite flag,
@@ -28,12 +30,17 @@ from tightfit.model.config import Qwen35Config
 from tightfit.runtime.state import (ContextOverflowError, NonFiniteError, Snapshot, StateError)
 
 
-def state_bytes(config: Qwen35Config, max_ctx: int) -> dict[str, int]:
+def state_bytes(config: Qwen35Config, max_ctx: int, kv_type: str | None = None) -> dict[str, int]:
     """Device bytes of one GPUState (for the planner): KV + both recurrent banks + status."""
     c = config
     n_attn, n_rec = len(c.attention_ids), len(c.recurrent_ids)
+    if kv_type:
+        from tightfit.kvquant.formats import kv_bytes_per_token
+        kv = max_ctx * kv_bytes_per_token(kv_type, c.n_head_kv, c.head_dim, n_attn)
+    else:
+        kv = 2 * n_attn * max_ctx * c.kv_dim * 2
     return {
-        "kv": 2 * n_attn * max_ctx * c.kv_dim * 2,
+        "kv": kv,
         "recurrent": 2 * n_rec * (c.conv_state_elems + c.ssm_state_elems) * 4,
         "status": 16,
     }
@@ -45,9 +52,14 @@ class GPUState:
     dtype = torch.float32
     kv_dtype = torch.float16
 
-    def __init__(self, config: Qwen35Config, max_ctx: int, device: str | torch.device = "cuda"):
+    kv_type = None                   # quantized KV type (None: fp16 rows)
+
+    def __init__(self, config: Qwen35Config, max_ctx: int, device: str | torch.device = "cuda",
+                 kv_type: str | None = None):
         if max_ctx <= 0:
             raise StateError(f"max_ctx must be positive, got {max_ctx}")
+        from tightfit.runtime.state import quant_kv_type
+        self.kv_type = quant_kv_type(kv_type, config)
         self.config = config
         self.max_ctx = int(max_ctx)
         self.device = torch.device(device)
@@ -56,9 +68,18 @@ class GPUState:
         self.attn_slot = {il: i for i, il in enumerate(c.attention_ids)}
         n_attn, n_rec = len(self.attn_slot), len(self.rec_slot)
         dev = self.device
-        self.k = torch.zeros(max(n_attn, 1), self.max_ctx, c.n_head_kv, c.head_dim,
-                             dtype=torch.float16, device=dev)
-        self.v = torch.zeros_like(self.k)
+        if self.kv_type:
+            from tightfit.kvquant.formats import split_kv_type
+            from tightfit.kvquant.reference import alloc_cache
+            self.kv_dtype = torch.uint8
+            na = max(n_attn, 1)
+            self.k, self.v = (alloc_cache(na * self.max_ctx, c.n_head_kv, c.head_dim, f, dev)
+                              .view(na, self.max_ctx, c.n_head_kv, -1)
+                              for f in split_kv_type(self.kv_type))
+        else:
+            self.k = torch.zeros(max(n_attn, 1), self.max_ctx, c.n_head_kv, c.head_dim,
+                                 dtype=torch.float16, device=dev)
+            self.v = torch.zeros_like(self.k)
         self.conv = torch.zeros(2, max(n_rec, 1), c.ssm_conv_kernel - 1, c.conv_dim,
                                 dtype=torch.float32, device=dev)
         self.ssm = torch.zeros(2, max(n_rec, 1), c.ssm_v_heads, c.ssm_state, c.ssm_state,
@@ -125,7 +146,8 @@ class GPUState:
         return Snapshot(pos=self.pos,
                         conv=[self.conv[a, i].cpu().clone() for i in range(n)],
                         ssm=[self.ssm[a, i].cpu().clone() for i in range(n)],
-                        geometry=self._geometry(), kv=kv)
+                        geometry=self._geometry(), kv=kv,
+                        kv_type=self.kv_type if kv is not None else None)
 
     def restore(self, snap: Snapshot) -> None:
         self.sync()
@@ -136,6 +158,10 @@ class GPUState:
         if snap.kv is None and snap.pos > self._kv_high:
             raise StateError(f"snapshot at position {snap.pos} is ahead of this state's KV "
                              f"({self.pos} rows) and carries no KV rows")
+        snap_kv_type = getattr(snap, "kv_type", None)
+        if snap.kv is not None and snap_kv_type != self.kv_type:
+            raise StateError(f"snapshot KV is stored as {snap_kv_type or 'floats'}, this state "
+                             f"stores {self.kv_type or 'fp16'}")
         a = self._active()
         for i, (cv, sm) in enumerate(zip(snap.conv, snap.ssm)):
             self.conv[a, i].copy_(cv)

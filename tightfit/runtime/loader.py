@@ -9,7 +9,8 @@ from tightfit.errors import UserError
 
 KV_DTYPES = {"f16": "float16", "f32": "float32"}
 # The CPU path also takes the quantized types of tightfit.kvquant (q8_0, tq3, tq4, <k>+<v>, ...):
-# the State stores them natively (tightfit/runtime/state.py).
+# the State stores them natively (tightfit/runtime/state.py). device='cuda' takes them too
+# (GPUModel kv_type=, attn_decode_q), except with a placement (--vram / plan: f16 arena only).
 
 
 def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, kv_type: str = "f16",
@@ -39,8 +40,15 @@ def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, kv_typ
         except ImportError as e:
             raise UserError(f"the GPU executor is not available in this build ({e})") from e
         if kv_type.lower() != "f16":   # never a silent downgrade of the asked-for cache format
-            raise UserError(f"--kv-type {kv_type}: the GPU executor runs an f16 KV cache only so far "
-                            "(quantized caches run on --device cpu)")
+            from tightfit.runtime.state import quant_kv_type
+            qt = quant_kv_type(kv_type, mf.config)      # UserError if unknown / wrong head_dim
+            if qt is None:
+                raise UserError(f"--kv-type {kv_type}: the GPU executor runs an f16 or a quantized "
+                                "KV cache (q8_0, tq3, tq4, <k>+<v>); f32 runs on --device cpu")
+            if vram is not None or plan is not None:
+                raise UserError(f"--kv-type {kv_type}: the placed arena (--vram) holds an f16 KV "
+                                "cache only so far (run without --vram, or on --device cpu)")
+            kw["kv_type"] = qt
         if plan is None and vram is not None:
             from tightfit.model.placed import plan_for
             plan = plan_for(path, n_ctx or min(mf.config.n_ctx_train, 4096), vram,
