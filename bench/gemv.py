@@ -4,9 +4,11 @@
 
 Implementations (--impls): v1 (gemv_kernel.py, dp4a), v2 (gemv2.py, int8 tensor cores, raw GGUF
 blocks), v2p (v2 on the planar re-layout, gemv2_layout.relayout), v2n1 / v2n1p (v2's dp4a
-small-N path, gemv2_small.py, raw / planar; N <= 2 only, other N are skipped), e.g.
-  python3 bench/gemv.py --out $OUT --impls v1,v2,v2n1,v2n1p --ns 1,2,8
---configs applies to every implementation (keys R, KB, SPLIT, num_warps).
+small-N path, gemv2_small.py, raw / planar; N <= 2 only, other N are skipped), v3 (gemv3.py,
+dp4a with a warp's lanes along K, planar only, N <= 2), e.g.
+  python3 bench/gemv.py --out $OUT --impls v1,v2,v2n1,v2n1p,v3 --ns 1,2,8
+--configs applies to every implementation (keys R, KB, SPLIT, num_warps; v3: R, W, SPLIT,
+num_warps, other keys ignored).
 Correctness: at real shapes, sampled rows vs NumPy dequantization + float64 matmul (both with the
 float x, bound 2 %, and with the int8-quantized x the kernel actually sees, bound 1e-4).
 Timing: S weight sets (S*bytes >> 60 MB L2) replayed from one CUDA graph, per matrix, activation
@@ -33,6 +35,7 @@ import traceback  # noqa: E402
 
 from tightfit.kernels.gemv import gemv, gemv_ref, type_id, type_name, MACRO_BYTES  # noqa: E402
 from tightfit.kernels.gemv2 import gemv2  # noqa: E402
+from tightfit.kernels.gemv3 import gemv3, V3_TYPES  # noqa: E402
 from tightfit.kernels.gemv2_layout import relayout_torch, V2_TYPES  # noqa: E402
 from tightfit.kernels.quantize_act import quantize_act_ref  # noqa: E402
 
@@ -83,29 +86,39 @@ def graph_time(fn, reps=20):
 
 
 def copy_bw(dtype):
-    """Graph-timed device copy of 1 GiB of `dtype` (read + write bytes / time)."""
+    """Device copy of 1 GiB of `dtype` (read + write bytes / time), timed with events on the
+    stream, NOT inside a CUDA graph: a captured D2D memcpy becomes a graph memcpy node that
+    measured 2.71 TB/s on the H200 against 4.28 TB/s for the same copy launched on the stream
+    (bench/NOTES.md), so the graph figure is not the bus limit."""
     nbytes = 1 << 30
     src = torch.ones(nbytes // torch.tensor([], dtype=dtype).element_size(), dtype=dtype,
                      device="cuda")
     dst = torch.empty_like(src)
-
-    def f():
-        for _ in range(8):
+    for _ in range(5):           # clocks ramp up from idle first
+        dst.copy_(src)
+    ts = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(4):
             dst.copy_(src)
-    graph_time(f, 10)            # clocks ramp up from idle first
-    ms = graph_time(f, 20) / 8
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / 4)
+    ms = float(np.median(ts))
     del src, dst
     torch.cuda.empty_cache()
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
 def planar_impl(impl):
-    return impl in ("v2p", "v2n1p")
+    return impl in ("v2p", "v2n1p", "v3")
 
 
 def skip(impl, t, n):
     """Implementations that do not run this type / column count."""
-    return (impl != "v1" and t not in V2_TYPES) or (impl.startswith("v2n1") and n > 2)
+    return ((impl != "v1" and t not in V2_TYPES) or (impl.startswith("v2n1") and n > 2)
+            or (impl == "v3" and (t not in V3_TYPES or n > 2)))
 
 
 def call(impl, x, w, t, n_out, n_in, out, cfg=None):
@@ -116,6 +129,8 @@ def call(impl, x, w, t, n_out, n_in, out, cfg=None):
             return gemv(x, w, t, n_out, n_in, out=out, config=cfg)
         finally:
             os.environ["TIGHTFIT_GEMV"] = "v2"
+    if impl == "v3":
+        return gemv3(x, w, t, n_out, n_in, out=out, config=cfg)
     if impl.startswith("v2n1"):
         cfg = {**(cfg or {}), "PATH": "dp4a"}
     elif impl in ("v2", "v2p"):

@@ -12,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=$PWD/.tcache
 mkdir -p .tcache "$OUT/res"
-if [ -f .tcache_in/tcache.tgz ]; then tar xzf .tcache_in/tcache.tgz 2>/dev/null; fi
+if ls .tcache_in/tcache.tgz* >/dev/null 2>&1; then cat .tcache_in/tcache.tgz* | tar xzf - 2>/dev/null; fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 SUMMARY=""
 for step in "$@"; do
@@ -28,6 +28,7 @@ for step in "$@"; do
   SUMMARY+="$name: rc=$rc ${el}s"$'\n'
 done
 tar czf "$OUT/results.tgz" -C "$OUT" res && rm -rf "$OUT/res"
-tar czf "$OUT/tcache.tgz" .tcache 2>/dev/null
+# the device returns files of at most 16 MiB: the cache comes back in 15 MiB parts
+tar czf - .tcache 2>/dev/null | split -b 15m - "$OUT/tcache.tgz.part-"
 ls -la "$OUT"
 echo "===== summary (total $(( $(date +%s) - T0 ))s)"; printf "%s" "$SUMMARY"

@@ -164,6 +164,10 @@ def test_gemv2_small_edges(t):
           config={"PATH": "dp4a", "R": 16, "KB": 2, "SPLIT": 2, "num_warps": 2})
     check(t, 1, 24, 768, seed=13 * t, planar=False,
           config={"PATH": "dp4a", "R": 32, "KB": 1, "SPLIT": 1, "num_warps": 1})
+    # U=2 chunks per iteration: NB=5 blocks, KB=1 -> groups of 2 with a clamped tail, and
+    # split-K interleaving the groups between two programs
+    check(t, 1, 24, 1280, seed=17 * t, planar=True,
+          config={"PATH": "dp4a", "R": 32, "KB": 1, "SPLIT": 2, "num_warps": 1, "U": 2})
 
 
 def test_gemv2_small_routing(monkeypatch):
@@ -189,3 +193,15 @@ def test_prep_shared_by_family():
     act = prep_for(x, 12)
     assert act.fits(GROUP[13], PERM.get(13, 0)) and act.fits(GROUP[8], PERM.get(8, 0))
     assert not act.fits(GROUP[14], 0) and not act.fits(GROUP[23], PERM[23])
+
+
+def test_small_split_bound_covers_every_shape():
+    """gemv_route.split_bound (the planned split-K buffer) holds the partials of any matrix the
+    small path's default config splits, for every small type and row count."""
+    from tightfit.kernels.gemv2_small import pick_config_small
+    from tightfit.kernels.gemv_route import SMALL_TYPES, split_bound
+    for t in SMALL_TYPES:
+        for n_out in list(range(1, 40000, 97)) + [248320, 17408, 34816]:
+            for nb in (1, 2, 3, 20, 24, 68):
+                cfg = pick_config_small(t, 1, n_out, nb)
+                assert cfg["SPLIT"] * n_out <= split_bound(1) or cfg["SPLIT"] == 1

@@ -156,7 +156,10 @@ def prep_for(x: torch.Tensor, qtype: int, out: Act2 | None = None, small: bool =
 
 
 def gemv2_prepared(act: Act2, w: torch.Tensor, qtype: int, n_out: int, planar: bool = False,
-                   out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+                   out: torch.Tensor | None = None, config: dict | None = None,
+                   workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """`workspace`: fp32 buffer for split-K partials of the small-N path (at least SPLIT*N*n_out
+    elements; None: allocated per call, which a CUDA graph then keeps in its pool)."""
     qtype = int(qtype)
     if qtype not in V2_TYPES:
         raise ValueError(f"gemv v2: type {qtype} not supported")
@@ -172,7 +175,7 @@ def gemv2_prepared(act: Act2, w: torch.Tensor, qtype: int, n_out: int, planar: b
         out = torch.empty((n, n_out), dtype=torch.float32, device=w.device)
     emu = _interpret() or w.device.type != "cuda"
     if small:
-        return gemv2_small_prepared(act, w, qtype, n_out, planar, out, config, emu)
+        return gemv2_small_prepared(act, w, qtype, n_out, planar, out, config, emu, workspace)
     if not act.has_b:
         raise ValueError("gemv v2: activations were prepared without b (small-N path only)")
     cfg = dict(pick_config2(qtype, n, n_out, nb))

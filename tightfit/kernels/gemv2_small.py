@@ -349,7 +349,7 @@ def body_q8_0(w, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, PLANAR: tl.constexpr,
 @triton.jit
 def gemv2s_kernel(w_ptr, q_ptr, xs_ptr, xsum_ptr, out_ptr, N, n_out, NB, P0, P1, P2, P3,
                   FMT: tl.constexpr, PLANAR: tl.constexpr, NC: tl.constexpr, R: tl.constexpr,
-                  KB: tl.constexpr, SPLIT: tl.constexpr, EMU: tl.constexpr):
+                  KB: tl.constexpr, SPLIT: tl.constexpr, EMU: tl.constexpr, U: tl.constexpr = 1):
     pid_r = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_r * R + tl.arange(0, R)
@@ -364,31 +364,35 @@ def gemv2s_kernel(w_ptr, q_ptr, xs_ptr, xsum_ptr, out_ptr, N, n_out, NB, P0, P1,
     else:
         acc0 = tl.zeros([4, 2, R, KB], tl.float32)
     acc1 = acc0
-    for kb0 in range(pid_k * KB, NB, KB * SPLIT):
-        kb = kb0 + kb_i
-        ok = kb < NB                            # [1, KB]
-        kbc = tl.minimum(kb, NB - 1)
-        blk = rowb + kbc                        # [R, KB]
-        if FMT == 23:
-            p0, p1 = body_iq4xs(w_ptr, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, P2, PLANAR, NC,
-                                EMU)
-        elif FMT == 12:
-            p0, p1 = body_q45k(w_ptr, blk, ok, kbc, q32, xs_ptr, xsum_ptr, KW, P0, P1, P2, P3,
-                               False, PLANAR, NC, EMU)
-        elif FMT == 13:
-            p0, p1 = body_q45k(w_ptr, blk, ok, kbc, q32, xs_ptr, xsum_ptr, KW, P0, P1, P2, P3,
-                               True, PLANAR, NC, EMU)
-        elif FMT == 14:
-            p0, p1 = body_q6k(w_ptr, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, P2, P3, PLANAR, NC,
-                              EMU)
-        elif FMT == 11:
-            p0, p1 = body_q3k(w_ptr, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, P2, P3, PLANAR, NC,
-                              EMU)
-        else:
-            p0, p1 = body_q8_0(w_ptr, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, PLANAR, NC, EMU)
-        acc0 += p0
-        if NC == 2:
-            acc1 += p1
+    # U chunks of KB blocks per iteration, unrolled into one basic block: their loads are
+    # independent, so ptxas can issue all of them before the first dp4a (more bytes in flight
+    # per thread; measured one chunk per iteration latency-bound, bench/RESULTS.md)
+    for kb00 in range(pid_k * KB * U, NB, KB * SPLIT * U):
+        for u in tl.static_range(U):
+            kb = kb00 + u * KB + kb_i
+            ok = kb < NB                            # [1, KB]
+            kbc = tl.minimum(kb, NB - 1)
+            blk = rowb + kbc                        # [R, KB]
+            if FMT == 23:
+                p0, p1 = body_iq4xs(w_ptr, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, P2, PLANAR, NC,
+                                    EMU)
+            elif FMT == 12:
+                p0, p1 = body_q45k(w_ptr, blk, ok, kbc, q32, xs_ptr, xsum_ptr, KW, P0, P1, P2, P3,
+                                   False, PLANAR, NC, EMU)
+            elif FMT == 13:
+                p0, p1 = body_q45k(w_ptr, blk, ok, kbc, q32, xs_ptr, xsum_ptr, KW, P0, P1, P2, P3,
+                                   True, PLANAR, NC, EMU)
+            elif FMT == 14:
+                p0, p1 = body_q6k(w_ptr, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, P2, P3, PLANAR, NC,
+                                  EMU)
+            elif FMT == 11:
+                p0, p1 = body_q3k(w_ptr, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, P2, P3, PLANAR, NC,
+                                  EMU)
+            else:
+                p0, p1 = body_q8_0(w_ptr, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, PLANAR, NC, EMU)
+            acc0 += p0
+            if NC == 2:
+                acc1 += p1
     omask = rows < n_out
     obase = out_ptr + pid_k * N * n_out + rows
     tl.store(obase, _rows(acc0, FMT), mask=omask)
@@ -412,11 +416,17 @@ def pick_config_small(qtype: int, n: int, n_out: int, nb: int) -> dict:
     chunks = triton.cdiv(nb, KB)
     while tiles * split < 264 and split * 2 <= chunks and split < 16:
         split *= 2
-    return {"R": R, "KB": KB, "SPLIT": split, "num_warps": warps}
+    u = 1
+    if qtype in (23, 14) and split == 1 and tiles < 528 and chunks >= 4:
+        # measured on the H200 (bench/RESULTS.md, session 2 call 2), raw blocks, 5120->17408:
+        # IQ4_XS 29.4 -> 26.7 us and Q6_K 56.2 -> 46.9 us with two K-halves of two chunks each
+        # (U=2, SPLIT=2); Q4_K / Q5_K gain nothing, and the 5120-row shapes (already split) lose
+        split, u = 2, 2
+    return {"R": R, "KB": KB, "SPLIT": split, "num_warps": warps, "U": u}
 
 
 def gemv2_small_prepared(act, w, qtype: int, n_out: int, planar: bool, out, config: dict,
-                         interpret: bool):
+                         interpret: bool, workspace=None):
     """Launch of the small-N path on prepared activations (gemv2.gemv2_prepared routes here)."""
     import torch
     from tightfit.kernels.gemv2 import _reduce_kernel
@@ -428,13 +438,20 @@ def gemv2_small_prepared(act, w, qtype: int, n_out: int, planar: bool, out, conf
     cfg = dict(pick_config_small(qtype, n, n_out, nb))
     cfg.update({k: v for k, v in (config or {}).items() if k in cfg})
     split = cfg["SPLIT"]
-    dst = out if split == 1 else torch.empty((split, n, n_out), dtype=torch.float32,
-                                             device=w.device)
+    if split == 1:
+        dst = out
+    elif workspace is not None:
+        if workspace.numel() < split * n * n_out or workspace.dtype != torch.float32:
+            raise ValueError(f"gemv v2 small-N: workspace of {workspace.numel()} elements, "
+                             f"need {split * n * n_out} fp32")
+        dst = workspace[:split * n * n_out].view(split, n, n_out)
+    else:
+        dst = torch.empty((split, n, n_out), dtype=torch.float32, device=w.device)
     P = field_args(qtype, w.numel(), planar)
     grid = (triton.cdiv(n_out, cfg["R"]), split)
     gemv2s_kernel[grid](w, act.q, act.xs, act.xsum, dst, n, n_out, nb, P[0], P[1], P[2], P[3],
                         FMT=qtype, PLANAR=bool(planar), NC=n, R=cfg["R"], KB=cfg["KB"],
-                        SPLIT=split, EMU=interpret, num_warps=cfg["num_warps"])
+                        SPLIT=split, EMU=interpret, U=cfg["U"], num_warps=cfg["num_warps"])
     if split > 1:
         total = n * n_out
         _reduce_kernel[(triton.cdiv(total, 1024),)](dst, out, total, SPLIT=split, BLOCK=1024)

