@@ -25,8 +25,14 @@ interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 
 # byte offsets of the fp16 fields inside one block (spec/quant-formats.md §2)
 F16_FIELDS = {8: [0], 20: [0], 10: [80, 82], 11: [108], 12: [0, 2], 13: [0, 2], 14: [208],
-              23: [0], 16: [0], 17: [0], 22: [0], 18: [0], 21: [0], 2: [0], 35: [64]}
-QUANT = [23, 12, 13, 14, 11, 8, 10, 16, 17, 22, 21, 18, 20]   # every tile decoder's format
+              23: [0], 16: [0], 17: [0], 22: [0], 18: [0], 21: [0], 2: [0], 6: [0], 41: [0],
+              42: [0], 35: [64], 34: [52]}
+QUANT = [23, 12, 13, 14, 11, 8, 10, 16, 17, 22, 21, 18, 20,   # every tile decoder's format
+         2, 6, 41, 42, 35, 34]
+#: issue 6: every type the engine must look embeddings up in on the device
+ISSUE6 = ["Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+          "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "F16", "BF16", "F32", "TQ1_0",
+          "TQ2_0", "Q1_0", "Q2_0"]
 FLOATS = {0: np.float32, 1: np.float16}
 N_VOCAB = 37
 
@@ -67,12 +73,20 @@ def check(t, n_embd, seed, id_dtype=torch.int64):
 
 
 def test_device_types():
-    """Every tile decoder's format and the three float types have a device kernel."""
+    """Every tile decoder's format and the three float types have a device kernel, and so
+    does every type of issue 6."""
+    from tightfit.kernels.gemv import type_id
     assert set(QUANT) | {0, 1, 30} == set(DEVICE_TYPES)
+    assert {type_id(n) for n in ISSUE6} <= set(DEVICE_TYPES)
+
+
+def _name(t):
+    from tightfit.kernels.gemv import type_name
+    return type_name(t)
 
 
 @interp
-@pytest.mark.parametrize("t", QUANT + [0, 1, 30])
+@pytest.mark.parametrize("t", QUANT + [0, 1, 30], ids=_name)
 def test_rows_bit_exact(t):
     check(t, 512, 300 + t)
 
@@ -106,17 +120,17 @@ def test_out_of_range_ids_zero():
         assert np.array_equal(out[2].numpy(), dequantize(raw, t, (N_VOCAB, 256))[2])
 
 
-@pytest.mark.parametrize("t,n_embd", [(2, 256), (35, 256), (8, 96), (20, 96)])
+@pytest.mark.parametrize("t,n_embd", [(8, 96), (20, 96), (2, 96), (6, 160)])
 def test_fallback_bit_exact(t, n_embd):
-    """Formats without a tile decoder (Q4_0, TQ2_0) and Q8_0/IQ4_NL rows that are not whole
-    256-element chunks: gemm_q_torch / NumPy decode of the gathered rows."""
+    """Rows of 32-element formats (Q8_0, IQ4_NL, Q4_0, Q5_0) that are not whole 256-element
+    chunks: gemm_q_torch / NumPy decode of the gathered rows."""
     check(t, n_embd, 500 + t)
 
 
 def test_fallback_refuses_graph_capture(monkeypatch):
     monkeypatch.setattr(embed, "_capturing", lambda dev: True)
-    with pytest.raises(RuntimeError, match="graph capture"):      # Q4_0: no tile decoder
-        embed_rows(torch.tensor([1]), torch.zeros(N_VOCAB * 144, dtype=torch.uint8), 2, 256)
+    with pytest.raises(RuntimeError, match="graph capture"):      # Q4_0, n_embd % 256 != 0
+        embed_rows(torch.tensor([1]), torch.zeros(N_VOCAB * 54, dtype=torch.uint8), 2, 96)
     with pytest.raises(RuntimeError, match="graph capture"):      # Q8_0, n_embd % 256 != 0
         embed_rows(torch.tensor([1]), torch.zeros(N_VOCAB * 136, dtype=torch.uint8), 8, 128)
 

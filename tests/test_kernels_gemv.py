@@ -29,10 +29,10 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 
 # byte offsets of the fp16 scale fields inside one GGUF block (spec/quant-formats.md §2)
 F16_FIELDS = {8: [0], 2: [0], 6: [0], 20: [0], 42: [0], 41: [0], 10: [80, 82], 11: [108],
-              12: [0, 2], 13: [0, 2], 14: [208], 23: [0], 35: [64], 16: [0], 17: [0], 22: [0],
-              18: [0], 21: [0]}
+              12: [0, 2], 13: [0, 2], 14: [208], 23: [0], 35: [64], 34: [52], 16: [0], 17: [0],
+              22: [0], 18: [0], 21: [0]}
 PRIORITY = [23, 13, 14, 11, 12, 8, 17, 22, 21, 18, 20, 10]      # the 27B mix, by bytes
-OTHERS = [2, 6, 16, 35, 41, 42]
+OTHERS = [2, 6, 16, 35, 34, 41, 42]
 
 
 def rand_blocks(rng, t, n_out, n_in):
@@ -70,6 +70,29 @@ def test_gemv_priority(t, n):
 @pytest.mark.parametrize("t", OTHERS, ids=type_name)
 def test_gemv_others(t):
     run_check(t, 3, 8, 256, seed=7 * t)
+
+
+@pytest.mark.parametrize("n,n_out,n_in", [(1, 16, 512), (8, 8, 256), (2, 5, 768)])
+def test_gemv_tq1_0(n, n_out, n_in):
+    """TQ1_0 (base-3 trits, three stages of different strides): every element position of the
+    block is checked against the NumPy decoder through fresh random bytes (all bytes decode)."""
+    run_check(34, n, n_out, n_in, seed=3400 + n)
+
+
+def test_tq1_0_trit_swar():
+    """The packed-word trit extraction equals the spec formula byte by byte, all 256 bytes."""
+    from tightfit.quant.dequant_k import trits
+    b = np.arange(256, dtype=np.uint8)
+    want = trits(b[None, :], 5)[0]                       # [5, 256]
+    w = b.reshape(64, 4).view(np.uint32).astype(np.int64)
+    for n in range(5):
+        e = w & 0x00FF00FF
+        o = (w >> 8) & 0x00FF00FF
+        for _ in range(n):
+            e, o = (e * 3) & 0x00FF00FF, (o * 3) & 0x00FF00FF
+        q = (((e * 3) >> 8) & 0x00030003) | ((((o * 3) >> 8) & 0x00030003) << 8)
+        got = q.astype(np.uint32).view(np.uint8).reshape(-1)
+        assert np.array_equal(got, want[n]), n
 
 
 @pytest.mark.parametrize("t", [0, 1, 30], ids=type_name)

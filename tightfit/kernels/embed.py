@@ -7,14 +7,15 @@ Device path (CUDA, or the CPU under TRITON_INTERPRET=1): one Triton program per 
 chunk of the row). The program reads its token id from device memory (`ids` is never looked at
 on the host) and decodes its chunk straight from the raw GGUF blocks with the batched GEMM's tile
 decoders (gemm_q_decode.decode_tile, R = 1 row): IQ4_XS, Q4_K, Q5_K, Q6_K, Q3_K, Q8_0, Q2_K,
-IQ2_XXS, IQ2_XS, IQ2_S, IQ3_S, IQ3_XXS, IQ4_NL with n_embd % 256 == 0; F32, F16 and BF16 rows
-(any n_embd) are loaded and widened to fp32 (BF16 by its bits: exact). The decoders follow
+IQ2_XXS, IQ2_XS, IQ2_S, IQ3_S, IQ3_XXS, IQ4_NL, and issue 6's Q4_0, Q5_0, Q1_0, Q2_0, TQ2_0,
+TQ1_0 (byte-gather decoders) with n_embd % 256 == 0; F32, F16 and BF16 rows (any n_embd) are
+loaded and widened to fp32 (BF16 by its bits: exact). The decoders follow
 tightfit.quant's float order, so the rows equal tightfit.quant.dequantize's bit for bit.
 Ids outside [0, n_vocab) give zero rows (the loads are masked; checking would need a sync).
 Graph capture: the launch is all there is; the grid formats' small table (grid_tables) is
 copied to the device on the first call of each (type, device), so call once before capturing.
 
-Fallback (any other type, n_embd % 256 != 0 for Q8_0/IQ4_NL, or a CPU table without the
+Fallback (any other type, n_embd % 256 != 0 for a quantized type, or a CPU table without the
 interpreter): the gathered rows are decoded by gemm_q_torch.dequant_rows (torch ops on the
 table's device; NumPy on the host for types it does not know). It is not capturable (host
 copies, possibly a sync), so under CUDA graph capture it raises instead of running.

@@ -29,8 +29,8 @@ QUANT_TYPES = frozenset(MACRO_BYTES)
 _GRID_NAME = {16: "iq2xxs", 17: "iq2xs", 22: "iq2s", 18: "iq3xxs", 21: "iq3s"}
 _NAMES = {0: "F32", 1: "F16", 30: "BF16", 2: "Q4_0", 6: "Q5_0", 8: "Q8_0", 10: "Q2_K",
           11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 16: "IQ2_XXS", 17: "IQ2_XS",
-          18: "IQ3_XXS", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 35: "TQ2_0",
-          41: "Q1_0", 42: "Q2_0"}
+          18: "IQ3_XXS", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 34: "TQ1_0",
+          35: "TQ2_0", 41: "Q1_0", 42: "Q2_0"}
 SUPPORTED = frozenset(FLOAT_TYPES) | QUANT_TYPES
 
 

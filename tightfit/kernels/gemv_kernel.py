@@ -13,12 +13,13 @@ import triton
 import triton.language as tl
 
 from tightfit.kernels.gemv_k import blk_q4k_q5k, blk_q6k, blk_q3k, blk_q2k_tq2, blk_iq4xs
-from tightfit.kernels.gemv_q8 import blk_q8_0, blk_q4_0_q5_0, blk_iq4nl, blk_q2_0, blk_q1_0
+from tightfit.kernels.gemv_q8 import (blk_q8_0, blk_q4_0_q5_0, blk_iq4nl, blk_q2_0, blk_q1_0,
+                                     blk_tq1_0)
 from tightfit.kernels.gemv_iq import blk_iq2, blk_iq3
 
 # bytes of one 256-element macro-block, by ggml type id
 MACRO_BYTES = {8: 272, 2: 144, 6: 176, 20: 144, 42: 72, 41: 36,
-               10: 84, 11: 110, 12: 144, 13: 176, 14: 210, 23: 136, 35: 66,
+               10: 84, 11: 110, 12: 144, 13: 176, 14: 210, 23: 136, 35: 66, 34: 54,
                16: 66, 17: 74, 22: 82, 18: 98, 21: 110}
 # activation element order inside each 32 (see quantize_act.py)
 ACT_LAYOUT = {20: 1, 23: 1, 42: 2, 41: 3}
@@ -75,6 +76,8 @@ def gemv_q_kernel(w_ptr, xq_ptr, da_ptr, s16_ptr, out_ptr, tg_ptr, tsm_ptr,
             acc = blk_q2_0(base, m, xa, dab, s16b, km, acc, KW, EMU)
         elif FMT == 41:
             acc = blk_q1_0(base, m, xa, dab, s16b, km, acc, KW, EMU)
+        elif FMT == 34:
+            acc = blk_tq1_0(base, m, xa, dab, s16b, km, acc, KW, EMU)
         elif FMT == 18 or FMT == 21:
             acc = blk_iq3(base, m, xa, dab, s16b, km, acc, KW, tg_ptr, tsm_ptr, FMT, EMU)
         else:

@@ -1,0 +1,399 @@
+"""Offline compile check of every Triton kernel in tightfit for the H200 (CUDA sm_90), no GPU.
+
+Run it before each device call; it must pass under the device's Triton (3.6) and this machine's:
+
+    PYTHONPATH=/work/main /tmp/tri36/bin/python scripts/compile_check.py    # Triton 3.6
+    PYTHONPATH=/work/main python scripts/compile_check.py                   # local Triton (3.9)
+
+(/tmp/tri36: `python -m venv --system-site-packages /tmp/tri36 && PIP_CONSTRAINT=
+/tmp/tri36/bin/pip install triton==3.6.0`; torch/numpy come from the system site-packages.)
+
+Cost: ~350 variants; ~9 min cold on this 2-core machine (-j 2, under load), ~1 min once
+Triton's cache (~/.triton/cache, per version) holds them; -k narrows it (e.g. -k "FMT=34 ").
+
+Options: -k SUBSTR (only variants whose kernel or label contains SUBSTR; repeatable),
+-j N (worker processes; default: all cores), --fresh (empty Triton cache in a temp dir, so
+nothing is served from ~/.triton/cache), --list (print the variants, compile nothing),
+--strict (a @triton.jit kernel that no scenario launches is a failure too).
+
+How: the real host launchers (gemv, gemv2, gemm_q, embed_rows, attn_decode, ...) are called
+with CPU tensors at the 27B shapes, under a fake CUDA driver (target cuda:90) and with
+JITFunction._do_compile replaced by a recorder, so every launch yields exactly the signature,
+specialization (alignment, ints == 1 -> constexpr), constexprs and options a GPU launch would
+compile; EMU constexprs are forced to False (the PTX bodies). The recorded variants are then
+compiled all the way to a cubin (Triton's bundled ptxas) in a process pool. Prints a table
+kernel | variant | ok / error (first line of the innermost error) and exits 1 on any failure.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+os.environ["TRITON_INTERPRET"] = "0"          # launchers must take their GPU paths
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # silence 3.9's warning; same default
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime.driver import driver  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+class _FakeDriver:
+    """Just enough of a driver for JITFunction.run to bind and specialize arguments."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return TARGET
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+# ---- recording launches ---------------------------------------------------------------------------
+RECORDS: list = []        # (scenario, fn, signature, constexprs, options dict, attrs)
+_SCENARIO = ["?"]
+
+
+def _record(self, key, signature, device, constexprs, options, attrs, warmup):
+    ce = dict(constexprs)
+    if "EMU" in self.arg_names:
+        ce[(self.arg_names.index("EMU"),)] = False
+    RECORDS.append((_SCENARIO[0], self, dict(signature), ce, dict(options.__dict__), attrs))
+    return None          # run() returns before launching
+
+
+def _scn(name, f, *a, **k):
+    _SCENARIO[0] = name
+    try:
+        f(*a, **k)
+    except Exception as e:    # a launcher that breaks on CPU tensors: report, keep going
+        RECORDS.append((name, None, None, None, None, f"{type(e).__name__}: {e}"))
+
+
+# ---- scenarios: the launches the engine makes (27B shapes) ---------------------------------------
+H, HKV, D, NROT = 24, 4, 256, 64            # full attention
+HIDDEN, FFN = 5120, 17408
+SHAPES = [(FFN, HIDDEN), (1024, HIDDEN)]     # (n_out, n_in): SPLIT = 1 and SPLIT > 1
+
+
+def _u8(n):
+    return torch.empty(int(n), dtype=torch.uint8)
+
+
+def scen_gemv_v1():
+    from tightfit.kernels.gemv import QUANT_TYPES, FLOAT_TYPES, gemv, gemv_quantized, type_name
+    from tightfit.kernels.gemv_kernel import MACRO_BYTES, ACT_LAYOUT
+    from tightfit.kernels.quantize_act import quantize_act
+    for t in sorted(QUANT_TYPES):
+        for (n_out, n_in), ns in ((SHAPES[0], (1, 2, 8)), (SHAPES[1], (1,))):
+            for n in ns:
+                w = _u8(n_out * n_in // 256 * MACRO_BYTES[t])
+                act = quantize_act(torch.zeros(n, n_in), ACT_LAYOUT.get(t, 0))
+                _scn(f"gemv v1 {type_name(t)} N={n} {n_out}x{n_in}", gemv_quantized, act, w, t,
+                     n_out)
+    bpe = {0: 4, 1: 2, 30: 2}
+    for t in sorted(FLOAT_TYPES):
+        for n in (1, 8):
+            _scn(f"gemv float {type_name(t)} N={n}", gemv, torch.zeros(n, HIDDEN),
+                 _u8(1024 * HIDDEN * bpe[t]), t, 1024, HIDDEN)
+
+
+def scen_gemv_v2():
+    from tightfit.kernels.gemv2 import gemv2
+    from tightfit.kernels.gemv2_layout import MACRO, V2_TYPES
+    for t in sorted(V2_TYPES):
+        for planar in (False, True):
+            for n_out, n_in in SHAPES:
+                w = _u8(n_out * n_in // 256 * MACRO[t])
+                for n in (1, 2):
+                    for u in (1, 2, 4):      # U: chunks per iteration (bench sweeps it)
+                        _scn(f"gemv v2 dp4a t={t} N={n} planar={planar} U={u}", gemv2,
+                             torch.zeros(n, n_in), w, t, n_out, n_in, planar=planar,
+                             config={"PATH": "dp4a", "U": u})
+                for n in (3, 8, 16):
+                    _scn(f"gemv v2 tc t={t} N={n} planar={planar}", gemv2,
+                         torch.zeros(n, n_in), w, t, n_out, n_in, planar=planar)
+
+
+def scen_gemv_v3():
+    from tightfit.kernels.gemv3 import gemv3, V3_TYPES
+    from tightfit.kernels.gemv2_layout import MACRO
+    for t in sorted(V3_TYPES):
+        for n_out, n_in in SHAPES + [(HIDDEN, FFN)]:
+            w = _u8(n_out * n_in // 256 * MACRO[t])
+            for n in (1, 2):
+                _scn(f"gemv v3 t={t} N={n} {n_out}x{n_in}", gemv3, torch.zeros(n, n_in), w, t,
+                     n_out, n_in)
+
+
+def scen_quant_act():
+    from tightfit.kernels.quantize_act import quantize_act
+    for layout in (0, 1, 2, 3):
+        _scn(f"quantize_act layout={layout}", quantize_act, torch.zeros(1, HIDDEN), layout)
+
+
+def scen_gemm_q():
+    from tightfit.kernels.gemm_q import FUSED_TYPES, _ROW_BYTES, gemm_q, dequant_chunk
+    for t in sorted(FUSED_TYPES):
+        n_out, n_in = 1024, HIDDEN
+        w = _u8(n_out * n_in // 256 * _ROW_BYTES[t])
+        for m in (16, 64):
+            _scn(f"gemm_q fused t={t} M={m}", gemm_q, torch.zeros(m, n_in), w, t, n_out, n_in,
+                 mode="fused")
+        _scn(f"gemm_q dequant t={t}", dequant_chunk, w, t, n_in, 0, 256,
+             out=torch.empty(256, n_in, dtype=torch.bfloat16), use_triton=True)
+
+
+def scen_embed():
+    from tightfit.kernels import embed
+    from tightfit.quant.traits import row_bytes
+    real, embed._interpret = embed._interpret, lambda: True     # take the device path on CPU
+    try:
+        for t in sorted(embed.DEVICE_TYPES):
+            _scn(f"embed t={t}", embed.embed_rows, torch.zeros(3, dtype=torch.int64),
+                 _u8(64 * row_bytes(t, HIDDEN)), t, HIDDEN)
+    finally:
+        embed._interpret = real
+
+
+def scen_gemv_t3():
+    from tightfit.kernels.gemv_t3 import gemv_t3
+    from tightfit.tools.repack import T3_TYPES
+    for tid, tt in sorted(T3_TYPES.items()):
+        nb = HIDDEN // tt.block_size
+        _scn(f"gemv_t3 {tt.name}", gemv_t3, torch.empty(1024, nb * tt.type_size,
+                                                         dtype=torch.uint8), tid,
+             torch.zeros(HIDDEN))
+
+
+def scen_attention():
+    from tightfit.kernels import attn_decode as A
+    st = torch.zeros(4, dtype=torch.int32)
+    qg, k, v = torch.zeros(H, 2 * D), torch.zeros(HKV * D), torch.zeros(HKV * D)
+    nw = torch.zeros(D)
+    cos, sin = torch.zeros(4096, NROT // 2), torch.zeros(4096, NROT // 2)
+    kc = torch.zeros(4096, HKV, D, dtype=torch.float16)
+    q = torch.zeros(H, D)
+    _scn("attn qk_prep", A.qk_prep, qg, k, v, nw, nw, cos, sin, kc, kc.clone(), q, st, 1e-6)
+    out = torch.zeros(H, D)
+    _scn("attn single", A.attn_decode, q, kc, kc, qg, out, st)
+    ws = A.make_workspace(H, D, 8192)
+    _scn("attn split", A.attn_decode, q, kc, kc, qg, out, st, ws=ws, n_chunks=16)
+
+    from tightfit.kernels import attn_decode_q as AQ
+    from tightfit.kernels import kv_write_q as KW
+    from tightfit.kvquant.formats import FORMATS, MIXED, get_format, split_kv_type
+    for kv in list(FORMATS) + list(MIXED):
+        kn, vn = split_kv_type(kv)
+        kf, vf = get_format(kn), get_format(vn)
+        kcq = torch.zeros(64, HKV, kf.row_bytes(D), dtype=torch.uint8)
+        vcq = torch.zeros(64, HKV, vf.row_bytes(D), dtype=torch.uint8)
+        wsq = AQ.make_workspace(kv, H, D, 8192)
+        _scn(f"attn_q single {kv}", AQ.attn_decode_q, q, kcq, vcq, qg, out, st, wsq)
+        _scn(f"attn_q split {kv}", AQ.attn_decode_q, q, kcq, vcq, qg, out, st, wsq, n_chunks=16)
+        wsw = KW.make_write_workspace(kv, HKV, D)
+        _scn(f"kv_write_q {kv}", KW.qk_prep_q, qg, k, v, nw, nw, cos, sin, kcq, vcq, q, st,
+             1e-6, wsw)
+
+
+def scen_norm_gdn():
+    from tightfit.kernels import norm, gdn
+    st = torch.zeros(4, dtype=torch.int32)
+    x, w = torch.zeros(1, HIDDEN), torch.zeros(HIDDEN)
+    _scn("norm add_rmsnorm delta", norm.add_rmsnorm, x, torch.zeros_like(x), w, 1e-6,
+         torch.zeros_like(x))
+    _scn("norm add_rmsnorm", norm.add_rmsnorm, x, None, w, 1e-6, torch.zeros_like(x))
+    g = torch.zeros(FFN)
+    _scn("norm swiglu", norm.swiglu, g, g, g.clone())
+    o = torch.zeros(48, 128)
+    _scn("norm gated_rmsnorm", norm.gated_rmsnorm, o, o, torch.zeros(128), 1e-6, o.clone())
+    _scn("norm commit", norm.commit, torch.zeros(248320), torch.zeros(HIDDEN), st)
+    conv_dim = 2 * 16 * 128 + 48 * 128
+    cb = torch.zeros(2, 1, 3, conv_dim)
+    _scn("gdn conv_step", gdn.conv_step, torch.zeros(conv_dim), cb, torch.zeros(conv_dim, 4),
+         torch.zeros(conv_dim), st, 0)
+    ssm = torch.zeros(2, 1, 48, 128, 128)
+    _scn("gdn step", gdn.gdn_step, torch.zeros(conv_dim), torch.zeros(48), torch.zeros(48),
+         torch.zeros(48), torch.zeros(48), ssm, torch.zeros(48, 128), st, 0, 16, 1e-6)
+
+
+SCENARIOS = [scen_gemv_v1, scen_gemv_v2, scen_gemv_v3, scen_quant_act, scen_gemm_q, scen_embed, scen_gemv_t3,
+             scen_attention, scen_norm_gdn]
+
+
+# ---- compiling ------------------------------------------------------------------------------------
+def _label(fn, ce, opts):
+    parts = []
+    for path, v in sorted(ce.items()):
+        name = fn.arg_names[path[0]]
+        parts.append(f"{name}={v}")
+    parts.append(f"w{opts.get('num_warps')}")
+    return " ".join(parts)
+
+
+def _first_error(e: BaseException) -> str:
+    """Innermost cause's first line, with the innermost 'at L:C' location of the chain."""
+    chain, cur = [], e
+    while cur is not None and cur not in chain:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    loc = ""
+    for c in chain:
+        s = str(c).strip()
+        if s.startswith("at ") and ":" in s.split("\n", 1)[0]:
+            loc = s.split("\n", 1)[0].rstrip(":")
+            lines = s.split("\n")
+            if len(lines) > 1:
+                loc += " `" + lines[1].strip()[:60] + "`"
+    inner = chain[-1]
+    msg = str(inner).strip().split("\n")
+    msg = [m for m in msg if m.strip()]
+    first = msg[-1] if msg and msg[0].startswith("at ") else (msg[0] if msg else "")
+    out = f"{type(inner).__name__}: {first[:200]}"
+    return out + (f" [{loc}]" if loc else "")
+
+
+def _compile(i):
+    from triton.compiler import ASTSource
+    _, fn, sig, ce, opts, attrs = UNITS[i]
+    t0 = time.time()
+    try:
+        triton.compile(ASTSource(fn, sig, ce, attrs), target=TARGET, options=opts)
+        return i, True, "", time.time() - t0
+    except Exception as e:       # noqa: BLE001 - every compile failure is reported
+        if os.environ.get("COMPILE_CHECK_TRACE"):
+            traceback.print_exc()
+        return i, False, _first_error(e), time.time() - t0
+
+
+UNITS: list = []
+
+
+def _jit_kernels():
+    """(module, name) of every @triton.jit function in tightfit.kernels that looks like a
+    launched kernel (name contains 'kernel')."""
+    import importlib
+    import pkgutil
+    import tightfit.kernels as K
+    out = set()
+    for m in pkgutil.iter_modules(K.__path__):
+        if m.name.startswith("cpu_"):
+            continue
+        try:
+            mod = importlib.import_module(f"tightfit.kernels.{m.name}")
+        except Exception:         # noqa: BLE001 - a module that does not import is reported
+            out.add((m.name, "<import failed>"))
+            continue
+        for name, obj in vars(mod).items():
+            if isinstance(obj, JITFunction) and obj.module == mod.__name__ and "kernel" in name:
+                out.add((m.name, name))
+    return out
+
+
+def _progress(k, n, u, ok, dt, t0):
+    if os.environ.get("COMPILE_CHECK_QUIET"):
+        return
+    print(f"[{k + 1}/{n} {time.time() - t0:.0f}s] {u[1].__name__} {_label(u[1], u[3], u[4])}: "
+          f"{'ok' if ok else 'ERROR'} {dt:.1f}s", file=sys.stderr, flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-k", action="append", default=[])
+    ap.add_argument("-j", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--fresh", action="store_true")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--strict", action="store_true")
+    a = ap.parse_args(argv)
+    if a.fresh:
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tt_cc_")
+    t0 = time.time()
+    driver.set_active(_FakeDriver())
+    real = JITFunction._do_compile
+    JITFunction._do_compile = _record
+    try:
+        for s in SCENARIOS:
+            _SCENARIO[0] = s.__name__
+            try:
+                s()
+            except Exception as e:     # noqa: BLE001
+                RECORDS.append((s.__name__, None, None, None, None,
+                                f"{type(e).__name__}: {e}"))
+    finally:
+        JITFunction._do_compile = real
+    seen, broken = {}, []
+    for r in RECORDS:
+        if r[1] is None:
+            broken.append(r)
+            continue
+        scen, fn, sig, ce, opts, attrs = r
+        key = (fn.module, fn.__name__, repr(sorted(sig.items())), repr(sorted(ce.items())),
+               opts.get("num_warps"), opts.get("num_stages"), repr(sorted(attrs.items())))
+        if key not in seen:
+            seen[key] = r
+    units = sorted(seen.values(), key=lambda r: (r[1].module, r[1].__name__,
+                                                 _label(r[1], r[3], r[4])))
+    if a.k:
+        units = [u for u in units if any(s in f"{u[1].__name__} {_label(u[1], u[3], u[4])} "
+                                         f"{u[0]}" for s in a.k)]
+    UNITS[:] = units
+    t_rec = time.time() - t0
+    print(f"# triton {triton.__version__}, torch {torch.__version__}, target cuda sm_90; "
+          f"{len(units)} variants from {len(RECORDS)} launches ({t_rec:.1f}s)", flush=True)
+    if a.list:
+        for u in units:
+            print(f"{u[1].module.split('.')[-1]}.{u[1].__name__} | {_label(u[1], u[3], u[4])}")
+        return 0
+    results = [None] * len(units)
+    # the slowest kernels (big unrolled bodies) first, so the pool's tail is short
+    slow = ("gemv_q_kernel", "gemv2_kernel", "gemv2s_kernel", "_gemm_fused_kernel")
+    order = sorted(range(len(units)), key=lambda i: units[i][1].__name__ not in slow)
+    if a.j > 1 and len(units) > 1:
+        import multiprocessing as mp
+        with mp.get_context("fork").Pool(a.j) as pool:
+            for k, (i, ok, err, dt) in enumerate(pool.imap_unordered(_compile, order)):
+                results[i] = (ok, err, dt)
+                _progress(k, len(units), units[i], ok, dt, t0)
+    else:
+        for k, i in enumerate(order):
+            _, ok, err, dt = _compile(i)
+            results[i] = (ok, err, dt)
+            _progress(k, len(units), units[i], ok, dt, t0)
+    nfail = 0
+    print("| kernel | variant | result | s |")
+    print("|---|---|---|---|")
+    for u, (ok, err, dt) in zip(units, results):
+        nfail += not ok
+        print(f"| {u[1].module.split('.')[-1]}.{u[1].__name__} | {_label(u[1], u[3], u[4])} | "
+              f"{'ok' if ok else 'ERROR ' + err} | {dt:.1f} |")
+    for scen, _, _, _, _, msg in broken:
+        nfail += 1
+        print(f"| (launcher) | {scen} | ERROR launcher failed on CPU: {msg[:200]} | |")
+    covered = {(u[1].module.split(".")[-1], u[1].__name__) for u in units} if not a.k else None
+    if covered is not None:
+        # kernels launched through a scenario but filtered/deduped still count as covered
+        covered |= {(r[1].module.split(".")[-1], r[1].__name__) for r in RECORDS if r[1]}
+        missing = sorted(_jit_kernels() - covered)
+        for mod, name in missing:
+            print(f"| {mod}.{name} | - | {'ERROR ' if a.strict else ''}not covered by any "
+                  f"scenario | |")
+            nfail += bool(a.strict)
+    print(f"# {len(units) - sum(1 for r in results if not r[0])}/{len(units)} ok, "
+          f"{nfail} failure(s); {time.time() - t0:.0f}s total, -j {a.j}", flush=True)
+    return 1 if nfail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
