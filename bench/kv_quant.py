@@ -18,7 +18,6 @@ import json
 import math
 import os
 import sys
-import time
 
 import torch
 
@@ -26,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tightfit.kernels import attn_decode as A  # noqa: E402
 from tightfit.kernels import attn_decode_q as AQ  # noqa: E402
 from tightfit.kvquant.formats import get_format, split_kv_type  # noqa: E402
-from tightfit.kvquant.reference import alloc_cache, attention_quant_f64, quantize, write_rows  # noqa: E402
+from tightfit.kvquant.reference import alloc_cache, attention_quant_f64, write_rows  # noqa: E402
 
 H, HKV, D = 24, 4, 256
 CHUNK = 512
@@ -52,7 +51,93 @@ def make_layer(kv_type: str, T: int, gen: torch.Generator, dev):
     return kc, vc
 
 
-def bench_one(kv_type: str, T: int, dev, l2: int) -> dict:
+def write_ms(kv_type: str, kc, vc, T: int, dev, gen, reps: int = 50) -> float:
+    """Median ms of one decode step's q/K/V prep + K/V row write (the executor's op_qk), from a CUDA
+    graph replaying it `reps` times (position T-1, a row inside the cache)."""
+    from tightfit.kernels import kv_write_q as KW
+    n_rot = 64
+    qg = torch.randn(H, 2 * D, device=dev, generator=gen)
+    k = torch.randn(HKV * D, device=dev, generator=gen)
+    v = torch.randn(HKV * D, device=dev, generator=gen)
+    nw = 1 + 0.1 * torch.randn(D, device=dev, generator=gen)
+    cos, sin = A.rope_tables(T, n_rot, 1e7, device=dev)
+    q_out = torch.zeros(H, D, device=dev)
+    status = torch.tensor([0, 0, T - 1], dtype=torch.int32, device=dev)
+    if kv_type == "f16":
+        op = lambda: A.qk_prep(qg, k, v, nw, nw, cos, sin, kc, vc, q_out, status, 1e-6)  # noqa: E731
+    else:
+        ws = KW.make_write_workspace(kv_type, HKV, D, device=dev)
+        op = lambda: KW.qk_prep_q(qg, k, v, nw, nw, cos, sin, kc, vc, q_out, status, 1e-6, ws)  # noqa: E731
+    op()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            op()
+    times = []
+    for _ in range(10):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) / reps)
+    return sorted(times)[len(times) // 2]
+
+
+def sass_table(types: list[str], ctxs: list[int], bt: int, warps: int, stages: int = 1,
+               chunk: int = CHUNK) -> None:
+    """Offline: main-loop SASS of _attn_q_kernel (split-K variant) per cached element, shared
+    memory, cp.async (LDGSTS) and local-memory counts, programs per SM (registers / shared
+    limits) and waves at each context, and the instruction-issue estimate
+    max(bytes / 4.28e12, warp instructions / 0.9e12). The issue estimate is only a floor: with
+    few programs per SM the per-tile dependent chain (load -> decode -> dot -> softmax -> dot)
+    dominates, time ~ tiles per program x chain x waves."""
+    import re
+    from collections import Counter
+    from tightfit.kernels import gemv2_sass as S
+    sig = {"q_ptr": "*fp32", "kc_ptr": "*u8", "vc_ptr": "*u8", "kcb_ptr": "*fp32",
+           "vcb_ptr": "*fp32", "o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32",
+           "acc_ptr": "*fp32", "status_ptr": "*i32", "Hkv": "i32", "NCH": "i32", "CHUNK": "i32",
+           "qk_scale": "fp32"}
+    S.ALIGNED_INTS = ("CHUNK",)
+    print(f"{'type':>10} {'regs':>4} {'smemK':>5} {'cta/SM':>6} {'ldgsts':>6} {'ldl/stl':>7} "
+          f"{'loop':>5} {'wi/elem':>8} " + " ".join(f"{'progs/waves@' + str(T // 1024) + 'K':>16}"
+                                                    for T in ctxs)
+          + " " + " ".join(f"{'est us @' + str(T // 1024) + 'K':>12}" for T in ctxs))
+    for t in types:
+        if t == "f16":
+            continue
+        kf, vf = (get_format(n) for n in split_kv_type(t))
+        const = dict(D=D, GRP=H // HKV, GP=16, BT=bt, KB=kf.bits, KG=kf.group, VB=vf.bits,
+                     VG=vf.group, SPLIT=True, MINR=AQ.MIN_CHUNK_ROWS)
+        sass, regs, shared = S.compile_sass(AQ._attn_q_kernel, sig, const, warps, stages)
+        ins = S.parse(sass)
+        ops = Counter(op.split(".")[0] for _, op, _ in ins)
+        c = S.classify(S.main_loop(ins))
+        threads = 32 * warps
+        cta = min(65536 // (((regs or 255) + 7) // 8 * 8 * threads), (228 << 10) // max(1, shared + 1024),
+                  2048 // threads, 32)
+        per = {k2: v2 * warps / (bt * D * 2) for k2, v2 in c.items()}
+        ests = []
+        for T in ctxs:
+            by = cache_bytes(t, T)
+            ests.append(max(by / 4.28e12, T * HKV * D * 2 * per["total"] / 0.9e12) * 1e6)
+        pw = []
+        for T in ctxs:
+            nch = -(-T // chunk)
+            progs = HKV * nch
+            pw.append(f"{progs}/{progs / (132 * max(cta, 1)):.2f}")
+        print(f"{t:>10} {regs:>4} {shared / 1024:>5.0f} {cta:>6} {ops['LDGSTS']:>6} "
+              f"{ops['LDL'] + ops['STL']:>7} {c['total']:>5} {per['total']:>8.4f} "
+              + " ".join(f"{x:>16}" for x in pw) + " "
+              + " ".join(f"{e:>12.1f}" for e in ests), flush=True)
+    for T in ctxs:
+        print(f"f16 bytes floor @{T // 1024}K: {cache_bytes('f16', T) / 4.28e12 * 1e6:.1f} us")
+
+
+def bench_one(kv_type: str, T: int, dev, l2: int, bt: int, warps: int, stages: int = 1,
+              chunk: int = CHUNK) -> dict:
     gen = torch.Generator(device=dev).manual_seed(T)
     per = cache_bytes(kv_type, T)
     S = max(1, min(16, math.ceil(4 * l2 / per)))
@@ -61,13 +146,16 @@ def bench_one(kv_type: str, T: int, dev, l2: int) -> dict:
     qg = torch.randn(H, 2 * D, device=dev, generator=gen)
     out = torch.zeros(H, D, device=dev)
     status = torch.tensor([0, 0, T - 1], dtype=torch.int32, device=dev)
-    nch = -(-T // CHUNK) if T > AQ.SINGLE_PASS_MAX else 1
     if kv_type == "f16":
-        ws = A.make_workspace(H, D, T, CHUNK, device=dev) if nch > 1 else None
-        step = lambda kc, vc: A.attn_decode(q, kc, vc, qg, out, status, ws, nch, CHUNK)  # noqa: E731
+        chunk = CHUNK                       # the FP16 baseline keeps the executor's chunk
+    nch = -(-T // chunk) if T > AQ.SINGLE_PASS_MAX else 1
+    if kv_type == "f16":
+        ws = A.make_workspace(H, D, T, chunk, device=dev) if nch > 1 else None
+        step = lambda kc, vc: A.attn_decode(q, kc, vc, qg, out, status, ws, nch, chunk)  # noqa: E731
     else:
-        ws = AQ.make_workspace(kv_type, H, D, max(T, AQ.SINGLE_PASS_MAX + 1), CHUNK, device=dev)
-        step = lambda kc, vc: AQ.attn_decode_q(q, kc, vc, qg, out, status, ws, nch, CHUNK)  # noqa: E731
+        ws = AQ.make_workspace(kv_type, H, D, max(T, AQ.SINGLE_PASS_MAX + 1), chunk, device=dev)
+        step = lambda kc, vc: AQ.attn_decode_q(q, kc, vc, qg, out, status, ws, nch, chunk,  # noqa: E731
+                                              BT=bt, num_warps=warps, num_stages=stages)
     err = None
     if kv_type != "f16" and T <= 32768:
         step(*layers[0])
@@ -90,21 +178,11 @@ def bench_one(kv_type: str, T: int, dev, l2: int) -> dict:
         torch.cuda.synchronize()
         times.append(e0.elapsed_time(e1) / S)
     t_ms = sorted(times)[len(times) // 2]
-    w_ms = None
-    if kv_type != "f16":
-        kn, vn = split_kv_type(kv_type)
-        row = torch.randn(1, HKV, D, device=dev)
-        for _ in range(3):
-            quantize(row, kn), quantize(row, vn)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(20):
-            quantize(row, kn), quantize(row, vn)
-        torch.cuda.synchronize()
-        w_ms = (time.perf_counter() - t0) / 20 * 1e3
+    w_ms = write_ms(kv_type, layers[0][0], layers[0][1], T, dev, gen)
     return {"kv_type": kv_type, "T": T, "layers_in_graph": S, "cache_bytes": per,
             "time_ms": t_ms, "GBps": per / (t_ms * 1e-3) / 1e9, "max_rel_err_vs_f64": err,
-            "write_one_token_ms": w_ms, "n_chunks": nch}
+            "write_one_token_ms": w_ms, "n_chunks": nch, "chunk": chunk, "bt": bt,
+            "warps": warps, "stages": stages}
 
 
 def main() -> int:
@@ -112,7 +190,19 @@ def main() -> int:
     ap.add_argument("--ctx", default="8192,32768,131072")
     ap.add_argument("--types", default="f16,q8_0,tq4,tq3,tq3_128,q8_0+tq3,tq4+tq3")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--bt", type=int, default=AQ.ATTN_BT, help="rows per tile (attn_decode_q BT)")
+    ap.add_argument("--warps", type=int, default=AQ.ATTN_WARPS)
+    ap.add_argument("--stages", type=int, default=AQ.ATTN_STAGES,
+                    help="num_stages of the attention kernel (>1 reproduces the cp.async blow-up)")
+    ap.add_argument("--chunk", type=int, default=CHUNK,
+                    help="split-K rows per program for the quantized types (executor: 512)")
+    ap.add_argument("--tag", default="", help="suffix of the jsonl name (several variants, one OUT)")
+    ap.add_argument("--sass", action="store_true", help="offline SASS count + estimate, no GPU")
     a = ap.parse_args()
+    if a.sass:
+        sass_table(a.types.split(","), [int(x) for x in a.ctx.split(",")], a.bt, a.warps,
+                   a.stages, a.chunk)
+        return 0
     if not torch.cuda.is_available():
         print("needs a CUDA device")
         return 1
@@ -120,11 +210,11 @@ def main() -> int:
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 << 20)
     os.makedirs(a.out, exist_ok=True)
     rows = []
-    with open(os.path.join(a.out, "kv_quant.jsonl"), "w") as f:
+    with open(os.path.join(a.out, f"kv_quant{a.tag}.jsonl"), "w") as f:
         for T in [int(x) for x in a.ctx.split(",")]:
             for t in a.types.split(","):
                 try:
-                    r = bench_one(t, T, dev, l2)
+                    r = bench_one(t, T, dev, l2, a.bt, a.warps, a.stages, a.chunk)
                 except Exception as e:          # keep the other rows
                     r = {"kv_type": t, "T": T, "error": f"{type(e).__name__}: {e}"}
                 rows.append(r)
@@ -132,7 +222,8 @@ def main() -> int:
                 f.flush()
                 print(json.dumps(r), flush=True)
                 torch.cuda.empty_cache()
-    print(f"\n{'type':>10} {'T':>7} {'MiB':>8} {'ms':>8} {'GB/s':>7} {'vs f16':>7} {'err':>8} {'write ms':>8}")
+    print(f"\nbt={a.bt} warps={a.warps} stages={a.stages} chunk={a.chunk}")
+    print(f"{'type':>10} {'T':>7} {'MiB':>8} {'ms':>8} {'GB/s':>7} {'vs f16':>7} {'err':>8} {'write ms':>8}")
     base = {r["T"]: r["time_ms"] for r in rows if r.get("kv_type") == "f16" and "time_ms" in r}
     for r in rows:
         if "error" in r:
@@ -140,7 +231,7 @@ def main() -> int:
             continue
         rel = r["time_ms"] / base[r["T"]] if r["T"] in base else float("nan")
         err = "" if r["max_rel_err_vs_f64"] is None else f"{r['max_rel_err_vs_f64']:.1e}"
-        wr = "" if r["write_one_token_ms"] is None else f"{r['write_one_token_ms']:.3f}"
+        wr = "" if r["write_one_token_ms"] is None else f"{r['write_one_token_ms']:.4f}"
         print(f"{r['kv_type']:>10} {r['T']:>7} {r['cache_bytes'] / 2**20:>8.1f} {r['time_ms']:>8.4f} "
               f"{r['GBps']:>7.0f} {rel:>7.2f} {err:>8} {wr:>8}")
     return 0

@@ -9,14 +9,18 @@ T = status[2] + 1 rows, grouped GQA (query head h reads KV head h // (H/Hkv)).
 Steps (spec quant-formats §6.4, "keep the codebook domain rotated"):
   1. `_rowmat_kernel`: q_rot = R q once per head (only if the K format rotates);
   2. `_attn_q_kernel`, one program per (KV head, chunk) holding the whole query group (padded to
-     16 rows for tl.dot): per tile of BT rows the K codes are decoded to C[idx] * block scale (or
-     int8 * d for q8_0) in registers, scores = q_rot . k_rot; V rows likewise, accumulated in the
-     rotated domain. The decoded fp32 values and q / p are split into fp16 hi + lo parts and each
-     product takes three fp16 tensor-core dots (hi.hi + lo.hi + hi.lo) with fp32 accumulation, so
-     the kernel matches float64 on the same quantized data to ~1e-6 relative.
+     16 rows for tl.dot): per tile of BT rows the raw planes are read as [BT, D/SUB] words (one
+     wide load per plane, the next tile's words prefetched before the current one is decoded);
+     each of the SUB sub-tiles (elements SUB*j + r) is decoded to C[idx] * block scale (q8_0:
+     int8 * d), rounded once to fp16, and the sub-tiles are interleaved back with register-only
+     tl.join + reshape into an fp16 [BT, D] operand. Scores: q (fp16 hi + lo, two dots) . K^T;
+     V: p (fp16 hi + lo) . V, fp32 accumulation, online softmax in the rotated domain. Only the
+     K/V values are rounded (to fp16, as an FP16 cache rounds them): ~1e-4 .. 5e-4 of max |out|
+     vs float64 on the same codes (tests/test_kvquant_kernel.py states the bound).
      - single pass (n_chunks = 1): writes o_rot = acc / l;
-     - split-K (n_chunks > 1): chunk c covers rows [c*chunk, (c+1)*chunk); partial (max, denom,
-       acc) to the workspace, `_reduce_q_kernel` merges the valid chunks into o_rot;
+     - split-K (n_chunks > 1): the rows per program are computed on the device from T
+       (`_chunk_rows`), partial (max, denom, acc) to the workspace, `_reduce_q_kernel` merges the
+       valid chunks (16 at a time, safe max/denominator merge) into o_rot;
   3. `_rowmat_kernel`: out = (R^T o_rot) * sigmoid(gate) once per head (rotation only if the V
      format rotates).
 R is the [D, D] float32 rotation matrix (D2 H D1 / sqrt(D)); both rotations read it, with
@@ -42,41 +46,85 @@ from tightfit.kvquant.formats import DEFAULT_SEED, get_format, rotation_matrix, 
 
 SINGLE_PASS_MAX = 1024
 DEFAULT_CHUNK = 512
+MIN_CHUNK_ROWS = 128        # split-K: fewest rows a program takes when T spreads thin
+ATTN_BT = 32                # rows per tile of the attention kernel
+ATTN_WARPS = 4
+# Software-pipelining depth of the attention kernel. MUST stay 1: with Triton's default (3) the
+# pipeliner turns the codebook gathers `tl.load(cb_ptr + idx)` (their indices come from the
+# prefetched, loop-carried words) into per-element 4-byte cp.async (LDGSTS) staged through
+# 16 x 2 x 4 KiB of shared memory: 162 KiB per program under Triton 3.6 -> ONE 4-warp program per
+# SM, 128 LDGSTS + 16 commit groups + ~40 barriers per tile (measured 0.41 ms per wave of 64
+# programs; tq ~15x FP16). The raw words are already prefetched one tile ahead by hand.
+ATTN_STAGES = 1
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _decode_tile(c_ptr, row, tm, d, cb_ptr, D: tl.constexpr, BITS: tl.constexpr,
-                 G: tl.constexpr):
-    """fp32 [BT, D] values of BT byte rows (byte offsets `row`, valid where tm), in the rotated
-    domain for codebook formats."""
+def _load_raw(c_ptr, rowb, tm, j, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
+              SUB: tl.constexpr):
+    """Raw planes of BT byte rows (byte offsets `rowb` [BT], valid where tm) as [BT, D/SUB]
+    words: word j holds elements SUB*j .. SUB*j+SUB-1 (q8_0: 4 int8 in an int32; tq4: 8 nibbles
+    in an int32; tq3/tq2: 8 low 2-bit fields in a uint16, + tq3's high bits in a byte), and the
+    fp16 block scale of those elements (block (SUB*j) // G) as fp32."""
     m2 = tm[:, None]
-    base = c_ptr + row[:, None]
-    if BITS == 8:
-        raw = tl.load(base + d[None, :], mask=m2, other=0)
-        v = raw.to(tl.int8, bitcast=True).to(tl.float32)
+    base = c_ptr + rowb[:, None]
+    if BITS == 8 or BITS == 4:
+        w = tl.load(base.to(tl.pointer_type(tl.int32)) + j[None, :], mask=m2, other=0)
     else:
-        if BITS == 4:
-            b = tl.load(base + (d // 2)[None, :], mask=m2, other=0).to(tl.int32)
-            idx = (b >> ((d % 2) * 4)[None, :]) & 15
-        else:
-            b = tl.load(base + (d // 4)[None, :], mask=m2, other=0).to(tl.int32)
-            idx = (b >> ((d % 4) * 2)[None, :]) & 3
-            if BITS == 3:
-                h = tl.load(base + (D // 4 + d // 8)[None, :], mask=m2, other=0).to(tl.int32)
-                idx = idx | (((h >> (d % 8)[None, :]) & 1) << 2)
-        v = tl.load(cb_ptr + idx)
-    so = (D * BITS // 8 + 2 * (d // G))[None, :]
-    lo = tl.load(base + so, mask=m2, other=0).to(tl.int32)
-    hi = tl.load(base + so + 1, mask=m2, other=0).to(tl.int32)
-    s = (lo | (hi << 8)).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-    return v * s
+        w = tl.load(base.to(tl.pointer_type(tl.uint16)) + j[None, :], mask=m2,
+                    other=0).to(tl.int32)
+    if BITS == 3:
+        h = tl.load(base + (D // 4) + j[None, :], mask=m2, other=0).to(tl.int32)
+    else:
+        h = w
+    CB: tl.constexpr = D * BITS // 8
+    sp = base.to(tl.pointer_type(tl.uint16)) + (CB // 2) + (j // (G // SUB))[None, :]
+    s = tl.load(sp, mask=m2, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    return w, h, s
 
 
 @triton.jit
-def _split16(x):
-    hi = x.to(tl.float16)
-    return hi, (x - hi.to(tl.float32)).to(tl.float16)
+def _val(w, h, s, cb_ptr, r: tl.constexpr, BITS: tl.constexpr):
+    """fp16 values of sub-tile r (elements SUB*j + r): C[idx] * scale (q8_0: int8 * d), the
+    product rounded once to fp16."""
+    if BITS == 8:
+        v = ((w << (24 - 8 * r)) >> 24).to(tl.float32)
+    else:
+        if BITS == 4:
+            idx = (w >> (4 * r)) & 15
+        else:
+            idx = (w >> (2 * r)) & 3
+            if BITS == 3:
+                idx = idx | (((h >> r) & 1) << 2)
+        v = tl.load(cb_ptr + idx)
+    return (v * s).to(tl.float16)
+
+
+@triton.jit
+def _decode_tile(w, h, s, cb_ptr, BT: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
+    """fp16 [BT, D] values (rotated domain for codebook formats) from `_load_raw`'s words:
+    the sub-tiles are interleaved back into element order with register-only joins."""
+    if BITS == 8:
+        a0 = tl.join(_val(w, h, s, cb_ptr, 0, BITS), _val(w, h, s, cb_ptr, 2, BITS))
+        a1 = tl.join(_val(w, h, s, cb_ptr, 1, BITS), _val(w, h, s, cb_ptr, 3, BITS))
+        out = tl.reshape(tl.join(a0, a1), [BT, D])
+    else:
+        a0 = tl.join(_val(w, h, s, cb_ptr, 0, BITS), _val(w, h, s, cb_ptr, 4, BITS))
+        a1 = tl.join(_val(w, h, s, cb_ptr, 1, BITS), _val(w, h, s, cb_ptr, 5, BITS))
+        a2 = tl.join(_val(w, h, s, cb_ptr, 2, BITS), _val(w, h, s, cb_ptr, 6, BITS))
+        a3 = tl.join(_val(w, h, s, cb_ptr, 3, BITS), _val(w, h, s, cb_ptr, 7, BITS))
+        out = tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), [BT, D])
+    return out
+
+
+@triton.jit
+def _chunk_rows(T, NL, CHUNK, BT: tl.constexpr, MINR: tl.constexpr):
+    """Rows per split-K program: T spread evenly over the NL launched programs (a multiple of
+    BT), at least min(CHUNK, MINR). Computed on the device from T, so every position keeps all
+    programs busy; NL * rows >= T always."""
+    ch = (T + NL - 1) // NL
+    ch = ((ch + BT - 1) // BT) * BT
+    return tl.maximum(ch, tl.minimum(CHUNK, MINR))
 
 
 @triton.jit
@@ -84,40 +132,60 @@ def _attn_q_kernel(q_ptr, kc_ptr, vc_ptr, kcb_ptr, vcb_ptr, o_ptr, m_ptr, l_ptr,
                    status_ptr, Hkv, NCH, CHUNK, qk_scale,
                    D: tl.constexpr, GRP: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
                    KB: tl.constexpr, KG: tl.constexpr, VB: tl.constexpr, VG: tl.constexpr,
-                   SPLIT: tl.constexpr):
+                   SPLIT: tl.constexpr, MINR: tl.constexpr = 128):
     kvh = tl.program_id(0)
     c = tl.program_id(1)
     T = tl.load(status_ptr + 2) + 1
-    start = c * CHUNK
-    end = tl.minimum(start + CHUNK, T)
+    if SPLIT:
+        ch = _chunk_rows(T, tl.num_programs(1), CHUNK, BT, MINR)
+        start = c * ch
+        end = tl.minimum(start + ch, T)
+    else:
+        start = 0
+        end = T
     RBK: tl.constexpr = (D // KG) * (KG * KB // 8 + 2)
     RBV: tl.constexpr = (D // VG) * (VG * VB // 8 + 2)
+    KSUB: tl.constexpr = 4 if KB == 8 else 8
+    VSUB: tl.constexpr = 4 if VB == 8 else 8
     gi = tl.arange(0, GP)
     gm = gi < GRP
     heads = kvh * GRP + gi
     d = tl.arange(0, D)
+    jk = tl.arange(0, D // KSUB)
+    jv = tl.arange(0, D // VSUB)
+    # q in fp16 hi + lo (two dots): the scores see q exactly, only K is rounded to fp16
     q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gm[:, None], other=0.0) * qk_scale
-    q_hi, q_lo = _split16(q)
+    q_hi = q.to(tl.float16)
+    q_lo = (q - q_hi.to(tl.float32)).to(tl.float16)
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, D], tl.float32)
     tt = tl.arange(0, BT)
+    # raw words of the first tile; each iteration prefetches the next tile's before decoding
+    t = start + tt
+    r = t.to(tl.int64) * Hkv + kvh
+    kw, kh, ks = _load_raw(kc_ptr, r * RBK, t < end, jk, D, KB, KG, KSUB)
+    vw, vh, vs = _load_raw(vc_ptr, r * RBV, t < end, jv, D, VB, VG, VSUB)
     for t0 in range(start, end, BT):
-        t = t0 + tt
-        tm = t < end
-        r = t.to(tl.int64) * Hkv + kvh
-        k_hi, k_lo = _split16(_decode_tile(kc_ptr, r * RBK, tm, d, kcb_ptr, D, KB, KG))
-        kt_hi = tl.trans(k_hi)
-        s = tl.dot(q_hi, kt_hi) + tl.dot(q_lo, kt_hi) + tl.dot(q_hi, tl.trans(k_lo))
+        tm = (t0 + tt) < end
+        tn = t0 + BT + tt
+        rn = tn.to(tl.int64) * Hkv + kvh
+        kw2, kh2, ks2 = _load_raw(kc_ptr, rn * RBK, tn < end, jk, D, KB, KG, KSUB)
+        vw2, vh2, vs2 = _load_raw(vc_ptr, rn * RBV, tn < end, jv, D, VB, VG, VSUB)
+        kt = tl.trans(_decode_tile(kw, kh, ks, kcb_ptr, BT, D, KB))           # [D, BT] fp16
+        s = tl.dot(q_hi, kt) + tl.dot(q_lo, kt)
         s = tl.where(tm[None, :], s, float("-inf"))            # [GP, BT], log2 units
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_hi, v_lo = _split16(_decode_tile(vc_ptr, r * RBV, tm, d, vcb_ptr, D, VB, VG))
-        p_hi, p_lo = _split16(p)
-        acc = acc * alpha[:, None] + tl.dot(p_hi, v_hi) + tl.dot(p_lo, v_hi) + tl.dot(p_hi, v_lo)
+        v = _decode_tile(vw, vh, vs, vcb_ptr, BT, D, VB)                      # [BT, D] fp16
+        p_hi = p.to(tl.float16)
+        p_lo = (p - p_hi.to(tl.float32)).to(tl.float16)
+        acc = acc * alpha[:, None] + tl.dot(p_hi, v) + tl.dot(p_lo, v)
         m_i = m_new
+        kw, kh, ks = kw2, kh2, ks2
+        vw, vh, vs = vw2, vh2, vs2
     if SPLIT:
         if start < T:
             idx = heads * NCH + c
@@ -129,21 +197,36 @@ def _attn_q_kernel(q_ptr, kc_ptr, vc_ptr, kcb_ptr, vcb_ptr, o_ptr, m_ptr, l_ptr,
 
 
 @triton.jit
-def _reduce_q_kernel(o_ptr, m_ptr, l_ptr, acc_ptr, status_ptr, NCH, CHUNK, D: tl.constexpr):
+def _reduce_q_kernel(o_ptr, m_ptr, l_ptr, acc_ptr, status_ptr, NCH, NL, CHUNK,
+                     D: tl.constexpr, BT: tl.constexpr, MINR: tl.constexpr, RC: tl.constexpr):
+    """Safe max/denominator merge of the valid chunks of head h, RC chunks per step."""
     h = tl.program_id(0)
     T = tl.load(status_ptr + 2) + 1
-    nv = (T + CHUNK - 1) // CHUNK
+    ch = _chunk_rows(T, NL, CHUNK, BT, MINR)
+    nv = (T + ch - 1) // ch
     d = tl.arange(0, D)
-    M = float("-inf")
-    for c in range(0, nv):
-        M = tl.maximum(M, tl.load(m_ptr + h * NCH + c))
-    L = 0.0
-    o = tl.zeros([D], tl.float32)
-    for c in range(0, nv):
-        w = tl.exp2(tl.load(m_ptr + h * NCH + c) - M)
-        L += tl.load(l_ptr + h * NCH + c) * w
-        o += tl.load(acc_ptr + (h * NCH + c) * D + d) * w
-    tl.store(o_ptr + h * D + d, o / L)
+    cc = tl.arange(0, RC)
+    M = tl.full([RC], float("-inf"), tl.float32)
+    L = tl.zeros([RC], tl.float32)
+    O = tl.zeros([RC, D], tl.float32)
+    for c0 in range(0, nv, RC):
+        c = c0 + cc
+        cm = c < nv
+        mc = tl.load(m_ptr + h * NCH + c, mask=cm, other=float("-inf"))
+        lc = tl.load(l_ptr + h * NCH + c, mask=cm, other=0.0)
+        ac = tl.load(acc_ptr + (h * NCH + c)[:, None] * D + d[None, :], mask=cm[:, None],
+                     other=0.0)
+        Mn = tl.maximum(M, mc)
+        Ms = tl.where(Mn == float("-inf"), 0.0, Mn)
+        a = tl.exp2(M - Ms)
+        b = tl.exp2(mc - Ms)
+        L = L * a + lc * b
+        O = O * a[:, None] + ac * b[:, None]
+        M = Mn
+    Mx = tl.max(M, axis=0)
+    w = tl.exp2(M - Mx)
+    o = tl.sum(O * w[:, None], axis=0)
+    tl.store(o_ptr + h * D + d, o / tl.sum(L * w, axis=0))
 
 
 @triton.jit
@@ -219,11 +302,15 @@ def make_workspace(kv_type: str, n_head: int, head_dim: int, max_ctx: int,
 
 
 def attn_decode_q(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace, n_chunks: int = 1,
-                  chunk: int = DEFAULT_CHUNK, BT: int = 32):
+                  chunk: int = DEFAULT_CHUNK, BT: int = ATTN_BT, num_warps: int = ATTN_WARPS,
+                  num_stages: int = ATTN_STAGES):
     """q [H, D] fp32 (normed, roped), byte caches [cap, Hkv, row_bytes] of ws.kv_type, qg [H, 2D]
     -> out [H, D] = softmax(q K^T / sqrt(D)) V * sigmoid(gate) over T = status[2] + 1 rows.
-    n_chunks = 1: single pass (meant for T <= SINGLE_PASS_MAX); else split-K over `chunk`-row
-    chunks (needs ws made with max_ctx > SINGLE_PASS_MAX and n_chunks <= its chunk count)."""
+    n_chunks = 1: single pass (meant for T <= SINGLE_PASS_MAX); else split-K over n_chunks
+    programs per KV head (needs ws made with max_ctx > SINGLE_PASS_MAX and n_chunks <= its chunk
+    count). The rows per program are chosen on the device from T (`_chunk_rows`: T / n_chunks
+    rounded up to BT, at least min(chunk, MIN_CHUNK_ROWS)), so all of T is always covered and a
+    short context still spreads over all programs."""
     H, D = q.shape
     Hkv = kcache.shape[1]
     kf, vf = (get_format(n) for n in split_kv_type(ws.kv_type))
@@ -235,7 +322,7 @@ def attn_decode_q(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace, n_
     _rowmat_kernel[(H,)](q, ws.R, 1, D, q, 0, ws.q_rot, D=D, BK=BK, ROT=kf.rotate, GATE=False,
                          num_warps=4)
     meta = dict(D=D, GRP=grp, GP=GP, BT=BT, KB=kf.bits, KG=kf.group, VB=vf.bits, VG=vf.group,
-                num_warps=4)
+                MINR=MIN_CHUNK_ROWS, num_warps=num_warps, num_stages=num_stages)
     if n_chunks <= 1:
         o = ws.o_rot
         _attn_q_kernel[(Hkv, 1)](ws.q_rot, kcache, vcache, ws.kcb, ws.vcb, o, o, o, o, status,
@@ -246,8 +333,8 @@ def attn_decode_q(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace, n_
         _attn_q_kernel[(Hkv, n_chunks)](ws.q_rot, kcache, vcache, ws.kcb, ws.vcb, ws.o_rot, ws.m,
                                         ws.l, ws.acc, status, Hkv, NCH, chunk, scale, SPLIT=True,
                                         **meta)
-        _reduce_q_kernel[(H,)](ws.o_rot, ws.m, ws.l, ws.acc, status, NCH, chunk, D=D,
-                               num_warps=2)
+        _reduce_q_kernel[(H,)](ws.o_rot, ws.m, ws.l, ws.acc, status, NCH, n_chunks, chunk, D=D,
+                               BT=BT, MINR=MIN_CHUNK_ROWS, RC=16, num_warps=4)
     qg2 = qg.reshape(H, 2 * D)
     _rowmat_kernel[(H,)](ws.o_rot, ws.R, D, 1, qg2[:, D:], qg2.stride(0), out, D=D, BK=BK,
                          ROT=vf.rotate, GATE=True, num_warps=4)
@@ -255,7 +342,8 @@ def attn_decode_q(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace, n_
 
 
 def attn_decode_q_ref(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace,
-                      n_chunks: int = 1, chunk: int = DEFAULT_CHUNK, BT: int = 32):
+                      n_chunks: int = 1, chunk: int = DEFAULT_CHUNK, BT: int = ATTN_BT,
+                      num_warps: int = ATTN_WARPS, num_stages: int = ATTN_STAGES):
     """Torch version of `attn_decode_q` (same buffers, computing in fp32 on q's device)."""
     from tightfit.kvquant.reference import dequantize
     H, D = q.shape

@@ -2,16 +2,22 @@
 tightfit/kvquant/formats.py), graph-capturable: the row index is the device position status[2]
 and every buffer is preallocated (`KVWriteWorkspace`).
 
-`qk_prep_q` (the quantized twin of attn_decode.qk_prep, same arguments plus `ws`):
-  1. `_prep_kernel`: RMSNorm + partial NEOX RoPE of q (-> q_out fp32) and of k (-> ws.k fp32,
-     NOT rounded to fp16: the quantizer sees the fp32 row like kvquant.reference.write_rows);
-  2. `_rowmat_kernel` (attn_decode_q): k <- R k and v -> ws.v = R v when the format rotates;
-  3. `_write_q_kernel`, one program per KV head, K then V: the numerics of
-     kvquant.reference.quantize (q8_0: d = amax/127, round-half-away codes; tqB: block norm g,
-     u = sqrt(G) y / g, the same GAIN_SEARCH candidate gains 1/f (fp32, as torch rounds the
-     scalar) with nearest-level codes by counting midpoints (= torch.bucketize), the candidate
-     with the largest <y,c>^2/|c|^2 (first on ties), scale g / |C[idx]| in fp16), packed into
-     the planar byte row at status[2].
+`qk_prep_q` (the quantized twin of attn_decode.qk_prep, same arguments plus `ws`) is ONE launch
+of `_qkv_write_kernel` (grid H + 2*Hkv):
+  * programs [0, H): RMSNorm + partial NEOX RoPE of q (-> q_out fp32);
+  * programs [H, H+Hkv): the K row: RMSNorm + RoPE (fp32, NOT rounded to fp16: the quantizer
+    sees the fp32 row like kvquant.reference.write_rows), y = R k when the format rotates
+    (-> ws.k), quantized;
+  * programs [H+Hkv, H+2Hkv): the V row: y = R v when the format rotates (-> ws.v), quantized.
+  Quantization (`_quant_row`) has the numerics of kvquant.reference.quantize (q8_0: d = amax/127,
+  round-half-away codes; tqB: block norm g, u = sqrt(G) y / g, the same GAIN_SEARCH candidate
+  gains 1/f (fp32, as torch rounds the scalar) with nearest-level codes by counting midpoints
+  (= torch.bucketize), the candidate with the largest <y,c>^2/|c|^2 (first on ties), scale
+  g / |C[idx]| in fp16), packed into the planar byte row at status[2].
+  (Before: 5 launches — prep, 2 rotations, 2 quantizers; its cost per layer is a few us of
+  launch gaps, not the 0.4-4.4 ms bench/kv_quant.py used to print: that column timed the torch
+  reference `kvquant.reference.quantize`, with its host-side rotation/codebook tensors and
+  dozens of small launches, not this kernel.)
 `qk_prep_q_ref` is the torch path (CPU executor): kvquant.reference.quantize itself.
 """
 from __future__ import annotations
@@ -24,38 +30,32 @@ import triton
 import triton.language as tl
 
 from tightfit.kernels.attn_decode import _norm_rope, _rms, _rope_rows
-from tightfit.kernels.attn_decode_q import _rowmat_kernel
 from tightfit.kvquant.formats import DEFAULT_SEED, get_format, rotation_matrix, split_kv_type
 
 
 @triton.jit
-def _prep_kernel(qg_ptr, k_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kout_ptr, qout_ptr, status_ptr,
-                 H, eps, D: tl.constexpr, HALF: tl.constexpr):
-    p = tl.program_id(0)
-    pos = tl.load(status_ptr + 2).to(tl.int64)
-    d = tl.arange(0, D)
-    if p < H:
-        out = _norm_rope(qg_ptr + p * (2 * D), qn_ptr, cos_ptr, sin_ptr, pos, eps, D, HALF)
-        tl.store(qout_ptr + p * D + d, out)
-    else:
-        j = p - H
-        out = _norm_rope(k_ptr + j * D, kn_ptr, cos_ptr, sin_ptr, pos, eps, D, HALF)
-        tl.store(kout_ptr + j * D + d, out)
+def _matvec(x_ptr, m_ptr, D: tl.constexpr, BK: tl.constexpr):
+    """y = R x for one row (R row-major [D, D]); x read from memory in BK chunks (the summation
+    order of attn_decode_q._rowmat_kernel)."""
+    j = tl.arange(0, D)
+    kk = tl.arange(0, BK)
+    y = tl.zeros([D], tl.float32)
+    for k0 in range(0, D, BK):
+        xk = tl.load(x_ptr + k0 + kk)
+        mk = tl.load(m_ptr + (k0 + kk)[:, None] + j[None, :] * D)
+        y += tl.sum(xk[:, None] * mk, axis=0)
+    return y
 
 
 @triton.jit
-def _write_q_kernel(src_ptr, c_ptr, cb_ptr, mid_ptr, invf_ptr, status_ptr, Hkv, sqrt_g,
-                    D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr, NL: tl.constexpr,
-                    SEARCH: tl.constexpr):
-    j = tl.program_id(0)
-    pos = tl.load(status_ptr + 2).to(tl.int64)
+def _quant_row(yv, dst, cb_ptr, mid_ptr, invf_ptr, sqrt_g, D: tl.constexpr, BITS: tl.constexpr,
+               G: tl.constexpr, NL: tl.constexpr, SEARCH: tl.constexpr):
+    """Quantize one fp32 row yv [D] (rotated for codebook formats) into the byte row at dst."""
     NB: tl.constexpr = D // G
     CB: tl.constexpr = D * BITS // 8
-    RB: tl.constexpr = NB * (G * BITS // 8 + 2)
     bi = tl.arange(0, NB)
     gi = tl.arange(0, G)
-    y = tl.load(src_ptr + j * D + bi[:, None] * G + gi[None, :])           # [NB, G] fp32
-    dst = c_ptr + (pos * Hkv + j) * RB
+    y = tl.reshape(yv, [NB, G])
     if BITS == 8:
         d = tl.max(tl.abs(y), axis=1) / 127.0
         inv = tl.where(d > 0, 1.0 / tl.maximum(d, 1e-30), 0.0)
@@ -105,6 +105,47 @@ def _write_q_kernel(src_ptr, c_ptr, cb_ptr, mid_ptr, invf_ptr, status_ptr, Hkv, 
     tl.store(dst + CB + 2 * bi + 1, (s16 >> 8).to(tl.uint8))
 
 
+@triton.jit
+def _qkv_write_kernel(qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, r_ptr, kw_ptr,
+                      vw_ptr, qout_ptr, kc_ptr, vc_ptr, kcb_ptr, kmid_ptr, kinvf_ptr, vcb_ptr,
+                      vmid_ptr, vinvf_ptr, status_ptr, H, Hkv, eps, ksqrt_g, vsqrt_g,
+                      D: tl.constexpr, HALF: tl.constexpr, BK: tl.constexpr,
+                      KB: tl.constexpr, KG: tl.constexpr, KNL: tl.constexpr, KROT: tl.constexpr,
+                      VB: tl.constexpr, VG: tl.constexpr, VNL: tl.constexpr, VROT: tl.constexpr,
+                      SEARCH: tl.constexpr):
+    """One launch: programs [0, H) q norm + RoPE -> q_out; [H, H+Hkv) K row j: norm + RoPE
+    (+ rotation) -> ws.k, quantized into kcache[pos, j]; [H+Hkv, H+2Hkv) V row j: (rotation)
+    -> ws.v, quantized into vcache[pos, j]."""
+    p = tl.program_id(0)
+    pos = tl.load(status_ptr + 2).to(tl.int64)
+    d = tl.arange(0, D)
+    if p < H:
+        out = _norm_rope(qg_ptr + p * (2 * D), qn_ptr, cos_ptr, sin_ptr, pos, eps, D, HALF)
+        tl.store(qout_ptr + p * D + d, out)
+    elif p < H + Hkv:
+        j = p - H
+        y = _norm_rope(k_ptr + j * D, kn_ptr, cos_ptr, sin_ptr, pos, eps, D, HALF)
+        if KROT:
+            tl.store(kw_ptr + j * D + d, y)
+            tl.debug_barrier()                    # the row is read back in chunks
+            y = _matvec(kw_ptr + j * D, r_ptr, D, BK)
+            tl.debug_barrier()                    # every chunk read before it is overwritten
+        tl.store(kw_ptr + j * D + d, y)
+        KRB: tl.constexpr = (D // KG) * (KG * KB // 8 + 2)
+        _quant_row(y, kc_ptr + (pos * Hkv + j) * KRB, kcb_ptr, kmid_ptr, kinvf_ptr, ksqrt_g,
+                   D, KB, KG, KNL, SEARCH)
+    else:
+        j = p - H - Hkv
+        if VROT:
+            y = _matvec(v_ptr + j * D, r_ptr, D, BK)
+        else:
+            y = tl.load(v_ptr + j * D + d)
+        tl.store(vw_ptr + j * D + d, y)
+        VRB: tl.constexpr = (D // VG) * (VG * VB // 8 + 2)
+        _quant_row(y, vc_ptr + (pos * Hkv + j) * VRB, vcb_ptr, vmid_ptr, vinvf_ptr, vsqrt_g,
+                   D, VB, VG, VNL, SEARCH)
+
+
 # ---- host side -----------------------------------------------------------------------------------
 @dataclass
 class KVWriteWorkspace:
@@ -148,25 +189,19 @@ def make_write_workspace(kv_type: str, n_head_kv: int, head_dim: int,
 def qk_prep_q(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps,
               ws: KVWriteWorkspace):
     """qg [H, 2D], k, v [Hkv*D] fp32; byte caches [cap, Hkv, row_bytes] of ws.kv_type;
-    q_out [H, D] fp32. Writes the K/V row at status[2]."""
+    q_out [H, D] fp32. Writes the K/V row at status[2]. One kernel launch, no host work beyond
+    the launch (graph-capturable)."""
     H, D = q_out.shape
     Hkv = kcache.shape[1]
-    _prep_kernel[(H + Hkv,)](qg, k, qn_w, kn_w, cos, sin, ws.k, q_out, status, H, float(eps),
-                             D=D, HALF=cos.shape[1], num_warps=2)
-    BK = min(16, D)
-    srcs = [ws.k, v]
-    for i, (name, cache) in enumerate(zip(split_kv_type(ws.kv_type), (kcache, vcache))):
-        f = get_format(name)
-        src = srcs[i]
-        if f.rotate:          # y = R x (row-wise); for K in place, V into ws.v
-            dst = ws.k if i == 0 else ws.v
-            _rowmat_kernel[(Hkv,)](src, ws.R, 1, D, src, 0, dst, D=D, BK=BK, ROT=True,
-                                   GATE=False, num_warps=4)
-            src = dst
-        cb, mid, invf = ws.tabs[i]
-        _write_q_kernel[(Hkv,)](src, cache, cb, mid, invf, status, Hkv, math.sqrt(f.group),
-                                D=D, BITS=f.bits, G=f.group, NL=1 << f.bits if f.rotate else 1,
-                                SEARCH=ws.search, num_warps=2)
+    kf, vf = (get_format(n) for n in split_kv_type(ws.kv_type))
+    (kcb, kmid, kinvf), (vcb, vmid, vinvf) = ws.tabs
+    _qkv_write_kernel[(H + 2 * Hkv,)](
+        qg, k, v, qn_w, kn_w, cos, sin, ws.R, ws.k, ws.v, q_out, kcache, vcache,
+        kcb, kmid, kinvf, vcb, vmid, vinvf, status, H, Hkv, float(eps),
+        math.sqrt(kf.group), math.sqrt(vf.group), D=D, HALF=cos.shape[1], BK=min(16, D),
+        KB=kf.bits, KG=kf.group, KNL=1 << kf.bits if kf.rotate else 1, KROT=kf.rotate,
+        VB=vf.bits, VG=vf.group, VNL=1 << vf.bits if vf.rotate else 1, VROT=vf.rotate,
+        SEARCH=ws.search, num_warps=4)
     return q_out
 
 
