@@ -102,3 +102,38 @@ def test_triton_interpreter_step(tiny):
     assert exe.lin["blk.0.ffn_up.weight"].kind == "float"
     rs, gs = ref.new_state(64), exe.new_state(64)
     _close(exe.forward([5, 6, 7], gs, logits="all"), ref.forward([5, 6, 7], rs, logits="all"), 1e-4)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "IQ4_XS", "Q6_K"])
+def test_triton_interpreter_quant_routes(tmp_path, monkeypatch, qtype):
+    """Quantized matrices through the decode step's GEMV routes (tightfit.kernels.gemv_route:
+    the small-N dp4a path for Q4_K / IQ4_XS / Q6_K), interpreted, against the CPU
+    ReferenceModel on the same file (its float64-exact dequantization is the outside oracle; the
+    int8 activations of the GEMV give ~1 % relative error, as on the device)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1")
+    from tightfit.kernels.gemv_route import SMALL_TYPES, is_small
+    p = tmp_path / f"small-{qtype}.gguf"
+    make_model(p, preset="small", qtype=qtype, layers=4, seed=11)
+    mf = open_model(p)
+    try:
+        ref = ReferenceModel.from_model_file(mf)
+        exe = _exe(mf, use_triton=True)
+        L = exe.lin["blk.0.ffn_up.weight"]
+        assert L.kind == "quant" and is_small(L.layout) == (L.qtype in SMALL_TYPES)
+        import tightfit.kernels.gemv_route as route
+        calls = []
+        real = route.gemv_act
+        monkeypatch.setattr(route, "gemv_act", lambda act, *a, **k: calls.append(
+            type(act).__name__) or real(act, *a, **k))
+        rs, gs = ref.new_state(64), exe.new_state(64)
+        toks = [5, 300]
+        a = np.concatenate([np.asarray(exe.forward([t], gs, logits="all").detach().cpu(),
+                                       np.float64) for t in toks])
+        b = np.asarray(ref.forward(toks, rs, logits="all"), np.float64)
+        assert calls and ("Act2" in calls) == (L.qtype in SMALL_TYPES)
+        rel = np.abs(a - b).max() / np.abs(b).max()
+        assert np.isfinite(a).all() and rel < 0.05, rel
+        assert (a.argmax(-1) == b.argmax(-1)).mean() >= 1 / 2
+    finally:
+        mf.close()

@@ -123,7 +123,80 @@ def test_state_and_loader_checks(tiny, tmp_path):
         _exe(tiny, "f32", use_triton=False)
     with pytest.raises(UserError):
         _exe(tiny, "tq9", use_triton=False)
-    # loader: a placement (--vram) keeps refusing a quantized cache (f16 arena only)
+    # loader: --vram with a quantized cache is no longer refused (it needs a CUDA device here)
     from tightfit.runtime.loader import load_engine
-    with pytest.raises(UserError, match="arena"):
+    with pytest.raises(UserError, match="CUDA"):
         load_engine(tiny.path, device="cuda", kv_type="tq3", vram="1GiB")
+
+
+# ---- the placed path (--vram / plan=): the cache lives in the plan's arena ---------------------
+def _plan(mf, kv_type, ctx=64, attn_chunk=4):
+    from tightfit.plan.budget import PlanOptions, plan_model
+    from tightfit.plan.placement import inventory_from_gguf
+    return plan_model(inventory_from_gguf(mf.path),
+                      PlanOptions(ctx=ctx, available=1 << 34, kv_type=kv_type, reserve=0,
+                                  prefill_chunk=16, host_embd="no", attn_chunk=attn_chunk))
+
+
+@pytest.mark.parametrize("kv_type", ["q8_0", "tq3", "tq4+tq3"])
+def test_placed_quant_kv_matches_reference(tiny, kv_type, small_single_pass):
+    from tightfit.kvquant.formats import get_format, split_kv_type
+    from tightfit.model.executor import GPUModel
+    c = tiny.config
+    plan = _plan(tiny, kv_type)
+    exe = GPUModel.from_model_file(tiny, device="cpu", plan=plan, use_triton=False,
+                                   progress=False)
+    assert exe.kv_type == kv_type and exe.chunk == 4
+    ref = ReferenceModel.from_model_file(tiny, kv_type=kv_type)
+    rs, gs = ref.new_state(64), exe.new_state(64)
+    buf = exe.placed.arena.buffer
+    off, n = exe.placed.arena.regions["kv_cache"]
+    for t in (gs.k, gs.v):
+        assert t.dtype == torch.uint8
+        assert buf.data_ptr() + off <= t.data_ptr() < buf.data_ptr() + off + n
+    # the plan's KV line = what the state holds = the format's bytes, derived by hand:
+    # layers x tokens x heads x (D / group x block bytes), K and V each
+    kf, vf = (get_format(f) for f in split_kv_type(kv_type))
+    hand = len(c.attention_ids) * 64 * c.n_head_kv * sum(
+        c.head_dim // f.group * (f.group * f.bits // 8 + 2) for f in (kf, vf))
+    assert gs.k.numel() + gs.v.numel() == plan.line("kv_cache").bytes == hand
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, c.n_vocab, 5).tolist()
+    _close(exe.forward(prompt, gs, logits="all"), ref.forward(prompt, rs, logits="all"))
+    tok_r = tok_g = int(rng.integers(0, c.n_vocab))
+    for _ in range(5):                       # T = 6..10: single pass, then split-K (chunk 4)
+        lr, lg = ref.forward([tok_r], rs, logits="last"), exe.forward([tok_g], gs, logits="last")
+        _close(lg, lr)
+        tok_r, tok_g = int(lr.argmax()), int(lg.argmax())
+        assert tok_r == tok_g
+    il = c.attention_ids[-1]
+    kb, vb = rs.kv_bytes(il, 10)
+    assert torch.equal(gs.k[rs.attn_slot[il], :10], kb)
+    assert torch.equal(gs.v[rs.attn_slot[il], :10], vb)
+
+
+def test_placed_kv_type_must_match_plan(tiny):
+    from tightfit.model.executor import GPUModel
+    plan = _plan(tiny, "f16")
+    with pytest.raises(UserError, match="differs from the plan"):
+        GPUModel.from_model_file(tiny, device="cpu", plan=plan, kv_type="tq3", progress=False)
+    with pytest.raises(UserError, match="attention chunk"):
+        GPUModel.from_model_file(tiny, device="cpu", plan=plan, chunk=8, progress=False)
+    q = GPUModel.from_model_file(tiny, device="cpu", plan=_plan(tiny, "tq3"), kv_type="TQ3",
+                                 use_triton=False, progress=False)
+    assert q.kv_type == "tq3"
+
+
+def test_plan_notes_truthful():
+    """`tightfit plan --kv-type tq3`: priced exactly, and the note says where it runs."""
+    import tightfit.kvquant as KQ
+    from tightfit.plan.budget import kv_format
+    from tightfit.plan.placement import inventory_from_preset
+    from tightfit.plan.budget import PlanOptions, plan_model
+    assert KQ.RUNTIME and kv_format("tq3").runtime and kv_format("q8_0").runtime
+    p = plan_model(inventory_from_preset("qwen3.8-27b-seedmix"),
+                   PlanOptions(ctx=131072, available=16 << 30, kv_type="tq3"))
+    assert p.fits and p.line("kv_cache").bytes == 131072 * 16 * 2 * (1024 // 32 * 14)
+    note = " ".join(p.notes)
+    assert "GPU" in note and "not yet measured on a device" in note
+    assert "does not take it" not in note and "CPU path only" not in note

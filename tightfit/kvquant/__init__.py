@@ -16,12 +16,16 @@ import math
 from tightfit.kvquant.formats import (FORMATS, MIXED, KVQuantFormat, get_format,  # noqa: F401
                                       kv_bytes_per_token, split_kv_type)
 
-# The planner prices VRAM for the GPU executor and has one `runtime` flag per format, no device:
-# the CPU path (ReferenceModel + State, `--kv-type tq3 --device cpu`) runs every format natively,
-# the GPU executor does not read them yet. So RUNTIME stays False (the plan keeps its "priced but
-# not yet run" note) and each format's note says "runs on the CPU path only".
-RUNTIME = False   # True once the GPU executor reads these caches through attn_decode_q
-CPU_NOTE = "; runs on the CPU path only (GPU kernels not wired yet)"
+# The planner has one `runtime` flag per format: can the executors read this cache? They can: the
+# CPU path (ReferenceModel + State, `--kv-type tq3 --device cpu`) and the GPU executor, legacy and
+# placed (`GPUModel(kv_type=)`, `--vram`: the cache is a region of the plan's arena, priced by this
+# format's bytes) quantize on write (kv_write_q) and attend over the codes (attn_decode_q). What
+# is still missing is a measurement on a device: the GPU kernels are verified against their
+# float64 references and the CPU reference model under the Triton interpreter only, which each
+# format's note says (`tightfit plan --kv-type tq3` prints it).
+RUNTIME = True
+CPU_NOTE = ("; runs on the CPU and GPU paths (GPU kernels verified under the Triton interpreter, "
+            "not yet measured on a device)")
 
 
 def planner_format(kv_type: str):
@@ -42,7 +46,7 @@ def planner_format(kv_type: str):
                 f"values, {kf.bits_per_value:g} bpv" + (" (rotated, Lloyd-Max)" if kf.rotate else ""))
     else:
         note = f"K {kn} ({kf.bits_per_value:g} bpv) + V {vn} ({vf.bits_per_value:g} bpv)"
-    return KVFormat(name, block, both // 2, runtime=RUNTIME, note=note + ("" if RUNTIME else CPU_NOTE))
+    return KVFormat(name, block, both // 2, runtime=RUNTIME, note=note + CPU_NOTE)
 
 
 def register_planner_formats() -> list[str]:
@@ -53,7 +57,7 @@ def register_planner_formats() -> list[str]:
         if kv_type == "q8_0" and "q8_0" in KV_FORMATS:
             old = KV_FORMATS["q8_0"]
             assert (old.block, old.block_bytes) == (fmt.block, fmt.block_bytes)
-            note = old.note if RUNTIME or CPU_NOTE in old.note else old.note + CPU_NOTE
+            note = old.note if CPU_NOTE in old.note else old.note + CPU_NOTE
             fmt = type(old)(old.name, old.block, old.block_bytes, runtime=RUNTIME, note=note)
         register_kv_format(fmt)
         names.append(fmt.name)

@@ -6,40 +6,51 @@ one-token step. `forward(tokens, state, logits=)` has the ReferenceModel API; to
 time through the step (a simple, correct state-only prefill: the LM head runs only where logits
 are wanted).
 
-The step (embedding row -> 64 blocks -> final norm -> LM head -> commit) runs on one stream and
-reads everything it needs from device buffers: the token's embedding row is copied into `x`, the
-position and the active state bank come from the state's device status word. On CUDA it is
-captured once per (attention mode, head on/off) and state, then replayed; batch width is 1.
+The step (embedding lookup -> 64 blocks -> final norm -> LM head -> commit) runs on one stream
+and reads everything it needs from device buffers: the token id from `tok_id` (the first kernel
+of the step decodes that row of the compressed table with tightfit.kernels.embed.embed_rows), the
+position and the active state bank from the state's device status word. On CUDA it is captured
+once per (attention mode, head on/off, feed) and state, then replayed; batch width is 1.
 Attention mode "single" (one pass per KV head) serves positions < 1024, "split" (split-K over
-chunks of `chunk` rows + reduce) the rest. The last kernel checks the hidden state and logits
-for NaN/Inf and only then flips the recurrent bank and advances the device position; the host
-reads the status lazily (`GPUState.sync`, at the end of each forward unless `lazy_check`).
+chunks of `chunk` rows + reduce) the rest. With feed=True the step ends with a two-stage argmax
+of the logits written to `tok_id` (and to `ids_ring` at the position), so `greedy()` runs
+token after token without the sampled id visiting the host (one host read per IDS_RING tokens).
+The last kernel checks the hidden state and logits for NaN/Inf and only then flips the recurrent
+bank and advances the device position; the host reads the status lazily (`GPUState.sync`, at the
+end of each forward unless `lazy_check`).
 
 Matrices: `tightfit.kernels.gemv` for the formats it supports (activations quantized once per
 input and layout, shared by the matrices reading the same input); on the CPU (tests) a torch
 path: float views for F32/F16/BF16, per-call NumPy dequantization for quantized blocks.
-Embedding: the row is dequantized on the host from the mmap and copied in (one row, ~20 KB per
-token); TIGHTFIT_DEVICE_EMBED=1 uses `tightfit.kernels.embed.embed_rows` on a device copy instead.
+Embedding (`device_embed=`): on the device when the table is there (the plan's arena; on the
+legacy path a device copy only with TIGHTFIT_DEVICE_EMBED=1 or device_embed=True) and
+tightfit.kernels.embed has a capturable kernel for its type; otherwise (fallback) the row is
+decoded on the host from the mmap and copied into `x` before the step (~20 KB per token).
 
 Placement (issue 5): with `plan=` (a tightfit.plan Plan of this file; `from_model_file(vram=)`
 makes one) the weights are not uploaded per tensor: tightfit.model.placed allocates the plan's
 ONE arena, checks exact cover first, copies the GPU rows from the mmap through the pinned ring,
 and serves the rest from the host: the embedding table (one row decoded per token) and the
 suffix rows of split matrices (`hostw`, computed by tightfit.kernels.cpu_gemv while the GPU
-prefix runs; only activations cross PCIe). The KV cache, recurrent banks and status word of the
-first live state are arena views too. MTP blocks are never loaded. With host matrix rows the step
-is not captured as a CUDA graph (host work sits between kernels).
+prefix runs; only activations cross PCIe). The KV cache (in the plan's format, f16 or
+quantized), recurrent banks and status word of the first live state are arena views too. MTP
+blocks are never loaded. With host matrix rows the step is not captured as a CUDA graph (host
+work sits between kernels).
 
-Workspace (device bytes besides weights and state), see `workspace_bytes()`: activation buffers
-~ (4 E + 3 n_ff + 2 conv_dim + 3 value_dim + 4 H D + 2 kv_dim) * 4 + logits n_vocab * 4, their
-int8 quantized copies (~1.2x the quantized inputs' elements), RoPE tables n_ctx * n_rot * 4,
-split-K workspace H * ceil(n_ctx/chunk) * (D + 2) * 4.
+Workspace: every step buffer (activations, logits, token id + argmax partials + id ring, RoPE
+tables, split-K partials, KV-quant rotation/codebooks, int8 GEMV inputs, decoded non-F32
+vectors) is listed by tightfit.plan.buffers.step_buffers and carved from ONE allocation: the
+arena's workspace region with a plan (whose workspace line is the sum of exactly these
+buffers), else one uint8 tensor. The captured step allocates nothing (the graph pool stays
+empty). Outside the plan remain: the batched forward's per-chunk tensors (tightfit.model.batch),
+the kernel modules' per-device constant tables, the logits tensors `forward` returns, and a
+second live state (Placed.extra_states).
 
-Quantized KV cache (`kv_type=` q8_0, tq3, tq4, `<k>+<v>`; not with a placement yet): the state
-holds byte caches, the step quantizes the new K/V row at the device position
+Quantized KV cache (`kv_type=` q8_0, tq3, tq4, `<k>+<v>`, legacy and placed): the state holds
+byte caches, the step quantizes the new K/V row at the device position
 (tightfit.kernels.kv_write_q) and attention reads the codes (tightfit.kernels.attn_decode_q,
-single pass / split-K as above; its workspace adds R (D*D*4) and q_rot/o_rot (2*H*D*4)); the
-batched prefill writes with kvquant.reference.write_rows and attends with attention_quant.
+single pass / split-K as above); the batched prefill writes with kvquant.reference.write_rows
+and attends with attention_quant. With a plan the KV type and the split-K chunk are the plan's.
 """
 from __future__ import annotations
 
@@ -50,6 +61,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from tightfit.errors import UserError
 from tightfit.kernels import attn_decode as A
@@ -57,10 +70,37 @@ from tightfit.kernels import gdn as G
 from tightfit.kernels import norm as N
 from tightfit.model.config import Qwen35Config
 from tightfit.model.reference import LOGITS_MODES, UnknownTokenError, imrope_pair_uses_position
+from tightfit.plan.buffers import ARGMAX_BLOCK
 from tightfit.runtime.gpu_state import GPUState, state_bytes
 from tightfit.runtime.state import StateError
 
 FLOAT_QTYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
+
+
+@triton.jit
+def _argmax_stage1(x_ptr, n, val_ptr, idx_ptr, BLOCK: tl.constexpr):
+    """Program b: the max of x[b*BLOCK : (b+1)*BLOCK] and its first index."""
+    b = tl.program_id(0)
+    offs = b * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + offs, mask=offs < n, other=float("-inf"))
+    m = tl.max(v, axis=0)
+    i = tl.min(tl.where(v == m, offs, n), axis=0)
+    tl.store(val_ptr + b, m)
+    tl.store(idx_ptr + b, i)
+
+
+@triton.jit
+def _argmax_stage2(val_ptr, idx_ptr, nb, n, tok_ptr, ring_ptr, status_ptr, RING: tl.constexpr,
+                   NB: tl.constexpr):
+    """tok = the first index of the overall max; ring[status.pos % RING] = tok."""
+    offs = tl.arange(0, NB)
+    v = tl.load(val_ptr + offs, mask=offs < nb, other=float("-inf"))
+    i = tl.load(idx_ptr + offs, mask=offs < nb, other=n)
+    m = tl.max(v, axis=0)
+    best = tl.min(tl.where(v == m, i, n), axis=0).to(tl.int64)
+    pos = tl.load(status_ptr + 2)
+    tl.store(tok_ptr, best)
+    tl.store(ring_ptr + pos % RING, best)
 
 
 def _gemv_mod():
@@ -97,7 +137,8 @@ class Linear:
             self.kind = "float"
         elif gm is not None and self.qtype in gm.QUANT_TYPES and self.n_in % 256 == 0:
             self.kind = "quant"
-            self.layout = gm.ACT_LAYOUT.get(self.qtype, 0)
+            from tightfit.kernels.gemv_route import act_layout
+            self.layout = act_layout(self.qtype)
         elif use_triton and device.type == "cuda" and self.qtype not in FLOAT_QTYPES:
             raise UserError(f"{name}: type {info.type_name} with rows of {self.n_in} has no GPU "
                             "GEMV kernel yet")
@@ -121,10 +162,10 @@ class Linear:
 class GPUModel:
     def __init__(self, config: Qwen35Config, model_file: Any, device: str | torch.device = "cuda",
                  n_ctx: int | None = None, use_triton: bool | None = None,
-                 chunk: int = A.DEFAULT_CHUNK, use_graphs: bool | None = None,
+                 chunk: int | None = None, use_graphs: bool | None = None,
                  lazy_check: bool = False, prefill_chunk: int | None = None,
                  batched: bool = True, plan: Any = None, progress: bool | None = None,
-                 kv_type: str | None = None):
+                 kv_type: str | None = None, device_embed: bool | None = None):
         config.validate()
         self.config = c = config
         # KV cache: fp16, or a quantized type (tightfit.kvquant) read by attn_decode_q
@@ -133,9 +174,21 @@ class GPUModel:
         if kv_type is not None and self.kv_type is None and kv_type.lower() != "f16":
             raise UserError(f"--kv-type {kv_type}: the GPU executor's KV cache is f16 or a "
                             "quantized type (q8_0, tq3, tq4, <k>+<v>)")
-        if self.kv_type and plan is not None:
-            raise UserError(f"--kv-type {kv_type}: the placed arena (--vram) holds an f16 KV "
-                            "cache only so far; run without --vram or with --kv-type f16")
+        if plan is not None:               # the plan fixes the KV format and the split-K chunk
+            pkv = str(plan.options.kv_type)
+            plan_qt = quant_kv_type(pkv, c)
+            if plan_qt is None and pkv.lower() != "f16":
+                raise UserError(f"the plan's KV type {pkv} has no GPU executor (f16 or a "
+                                "quantized type)")
+            if kv_type is None:
+                self.kv_type = plan_qt
+            elif self.kv_type != plan_qt:
+                raise UserError(f"--kv-type {kv_type} differs from the plan's KV type {pkv}; "
+                                f"make the plan with --kv-type {kv_type}")
+            if chunk is not None and int(chunk) != plan.options.attn_chunk:
+                raise UserError(f"chunk {chunk} differs from the plan's attention chunk "
+                                f"{plan.options.attn_chunk}")
+            chunk = plan.options.attn_chunk
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise UserError("no CUDA device is available")
@@ -147,7 +200,9 @@ class GPUModel:
                 raise UserError(f"n_ctx {n_ctx} exceeds the plan's ctx {plan.options.ctx}")
             n_ctx = n_ctx or plan.options.ctx
         self.n_ctx = int(n_ctx or min(c.n_ctx_train, 4096))
-        self.chunk = int(chunk)
+        self.chunk = int(chunk or A.DEFAULT_CHUNK)
+        if self.chunk < 1:
+            raise UserError(f"chunk must be at least 1, got {chunk}")
         self.lazy_check = lazy_check
         self.batched = batched            # n > 1 tokens: tightfit.model.batch (chunked prefill)
         self.prefill_chunk = prefill_chunk
@@ -168,14 +223,21 @@ class GPUModel:
         if plan is not None:
             from tightfit.model.placed import Placed
             self.placed = Placed(plan, model_file, dev, needed, progress=progress)
+        self._carve_workspace(plan, tensors, needed)
         from tightfit.model.weights import dequantize_tensor
         for name in needed:
             if name == "token_embd.weight":
                 continue
             info = tensors[name]
             if len(info.numpy_shape) == 1 or Qwen35Config.is_vector_tensor(name):
-                self.vec[name] = (self.placed.vector(name, info) if self.placed is not None else
-                                  dequantize_tensor(info, torch.float32).contiguous().to(dev))
+                w = self._ws.get("vec:" + name)
+                if w is not None:          # non-F32 vector: decoded into its planned buffer
+                    w.copy_(dequantize_tensor(info, torch.float32).reshape(w.shape))
+                    self.vec[name] = w
+                else:
+                    self.vec[name] = (self.placed.vector(name, info) if self.placed is not None
+                                      else dequantize_tensor(info, torch.float32).contiguous()
+                                      .to(dev))
             else:
                 self._add_matrix(name, name, info)
         self._embd_info = tensors["token_embd.weight"]
@@ -187,8 +249,8 @@ class GPUModel:
             if use_graphs:
                 raise UserError("CUDA graphs cannot capture a step with host-computed rows")
             self.use_graphs = False
-        self._embed_dev = self._device_embedding()
         self._alloc_buffers()
+        self._embed_dev = self._device_embedding(device_embed)
         # the ops: Triton kernels on the GPU (or under the interpreter), torch references on CPU
         t = self.use_triton
         self.op_norm = N.add_rmsnorm if t else N.add_rmsnorm_ref
@@ -216,7 +278,7 @@ class GPUModel:
         if vram is not None and kw.get("plan") is None:
             from tightfit.model.placed import plan_for
             kw["plan"] = plan_for(mf.path, n_ctx or min(mf.config.n_ctx_train, 4096), vram,
-                                  device=device)
+                                  kv_type=kw.get("kv_type") or "f16", device=device)
         return cls(mf.config, mf, device=device, n_ctx=n_ctx, **kw)
 
     def _add_matrix(self, key: str, tensor: str, info: Any) -> None:
@@ -233,61 +295,110 @@ class GPUModel:
             self.hostw[key] = self.placed.host[tensor]
 
     # ---- buffers ------------------------------------------------------------------------------
+    def _carve_workspace(self, plan: Any, tensors: Any, needed: list[str]) -> None:
+        """Every step buffer (tightfit.plan.buffers) as a view of ONE allocation: the arena's
+        workspace region with a plan (the very list the plan priced), else one uint8 tensor of
+        the packed size (legacy path)."""
+        from tightfit.plan.buffers import (act_layouts, pack, step_buffers)
+        c = self.config
+        if plan is not None:
+            from tightfit.plan.budget import workspace_buffers
+            bufs = workspace_buffers(c, plan.options, plan.inventory)
+            region = self.placed.arena.region("workspace")
+        else:
+            lay = {}
+            if self.use_triton:
+                mats = [(n, int(tensors[n].qtype), int(tensors[n].numpy_shape[-1]))
+                        for n in needed if len(tensors[n].numpy_shape) == 2
+                        and not Qwen35Config.is_vector_tensor(n)]
+                if c.tied_output or "output.weight" not in tensors:
+                    e = tensors["token_embd.weight"]
+                    mats.append(("output.weight", int(e.qtype), int(e.numpy_shape[-1])))
+                lay = act_layouts(mats)
+            bufs = step_buffers(c, self.n_ctx, self.kv_type, self.chunk, lay, {},
+                                with_status=False)
+            region = None
+        offs, packed = pack(bufs)
+        if region is None:
+            region = torch.empty(packed, dtype=torch.uint8, device=self.device)
+        elif packed > region.numel():
+            raise UserError(f"the plan's workspace region ({region.numel()} B) is smaller than "
+                            f"the executor's step buffers ({packed} B); make the plan again")
+        dt = {"f32": torch.float32, "i32": torch.int32, "i64": torch.int64, "i8": torch.int8,
+              "u8": torch.uint8}
+        self._ws_region = region
+        self._ws_bufs = bufs
+        self._ws: dict[str, torch.Tensor] = {}
+        for b in bufs:
+            t = region[offs[b.name]:offs[b.name] + b.nbytes].view(dt[b.dtype]).view(b.shape)
+            t.zero_()
+            self._ws[b.name] = t
+
     def _alloc_buffers(self) -> None:
-        c, dev = self.config, self.device
-        z = lambda *s: torch.zeros(*s, dtype=torch.float32, device=dev)  # noqa: E731
-        E, H, D = c.n_embd, c.n_head, c.head_dim
-        self.x, self.xn, self.mix, self.ffo = z(1, E), z(1, E), z(1, E), z(1, E)
-        self.u, self.y = z(1, c.conv_dim), z(c.conv_dim)
-        self.zg, self.o, self.on = z(1, c.value_dim), z(c.ssm_v_heads, c.ssm_state), z(1, c.value_dim)
-        self.alpha, self.beta = z(1, c.ssm_v_heads), z(1, c.ssm_v_heads)
-        self.qg, self.kk, self.vv = z(1, 2 * H * D), z(1, c.kv_dim), z(1, c.kv_dim)
-        self.q, self.ao = z(H, D), z(1, H * D)
-        self.g, self.up, self.h = z(1, c.n_ff), z(1, c.n_ff), z(1, c.n_ff)
-        self.logits = z(1, c.n_vocab)
+        """The step's buffers are views of the carved workspace; constants (RoPE tables, the
+        KV rotation and codebooks) are computed on the host and copied in once."""
+        c, dev, w = self.config, self.device, self._ws
+        H, D = c.n_head, c.head_dim
+        for n in ("x", "xn", "mix", "ffo", "u", "y", "zg", "o", "on", "alpha", "beta", "qg",
+                  "kk", "vv", "q", "ao", "g", "up", "h", "logits", "tok_id", "ids_ring",
+                  "argmax_val", "argmax_idx"):
+            setattr(self, n, w[n])
         rot = imrope_pair_uses_position(c.n_rot, c.rope_sections)
-        self.cos, self.sin = A.rope_tables(self.n_ctx, c.n_rot, c.rope_freq_base, rot, device=dev)
-        self.n_chunks = A.n_chunks_for(self.n_ctx, self.chunk)
+        cos, sin = A.rope_tables(w["cos"].shape[0], c.n_rot, c.rope_freq_base, rot)
+        self.cos, self.sin = w["cos"].copy_(cos), w["sin"].copy_(sin)
+        self.n_chunks = int(w["attn_m"].shape[1])
         self.kvw = None
         if self.kv_type:
             from tightfit.kernels import attn_decode_q as Q
             from tightfit.kernels import kv_write_q as W
-            self.ws = Q.make_workspace(self.kv_type, H, D, self.n_ctx, self.chunk, device=dev)
-            if self.ws.m is None:          # split-K buffers for every n_ctx (mode chosen by pos)
-                self.ws.m, self.ws.l = z(H, self.n_chunks), z(H, self.n_chunks)
-                self.ws.acc = z(H, self.n_chunks, D)
-            self.kvw = W.make_write_workspace(self.kv_type, c.n_head_kv, D, R=self.ws.R,
-                                              device=dev)
+            w0 = Q.make_workspace(self.kv_type, H, D, 1, self.chunk)       # host values
+            self.ws = Q.QuantAttnWorkspace(self.kv_type, D, w["kvq_R"].copy_(w0.R),
+                                           w["kvq_kcb"].copy_(w0.kcb), w["kvq_vcb"].copy_(w0.vcb),
+                                           w["kvq_q_rot"], w["kvq_o_rot"], w["attn_m"],
+                                           w["attn_l"], w["attn_acc"])
+            k0 = W.make_write_workspace(self.kv_type, c.n_head_kv, D, R=w0.R)
+            tabs = tuple((w[f"kvw_cb{i}"].copy_(cb), w[f"kvw_mid{i}"].copy_(mid),
+                          w[f"kvw_invf{i}"].copy_(invf)) for i, (cb, mid, invf)
+                         in enumerate(k0.tabs))
+            self.kvw = W.KVWriteWorkspace(self.kv_type, self.ws.R, tabs, w["kvw_k"], w["kvw_v"],
+                                          k0.search, k0.seed)
         else:
-            self.ws = A.make_workspace(H, D, self.n_ctx, self.chunk, device=dev)
-        self._qa: dict = {}        # (buffer id, layout) -> preallocated QuantAct
+            self.ws = (w["attn_m"], w["attn_l"], w["attn_acc"])
+        self._qa: dict = {}        # (buffer address, layout) -> prepared x over planned buffers
+        acts = [n for n in w if n.startswith("act_") and n.endswith("_q")]
+        if acts:
+            from tightfit.kernels.gemv_route import act_buffers, make_act
+            for n in acts:
+                _, inp, lay = n[:-2].split("_")
+                x, lay = getattr(self, inp), int(lay)
+                bufs = {sfx: w[f"{n[:-2]}_{sfx}"] for sfx, _, _ in act_buffers(lay, x.shape[1])}
+                self._qa[(x.data_ptr(), lay)] = make_act(lay, bufs, 1, x.shape[1])
+        self._gemv_part = w.get("gemv_part")
         self._pinned = None
         self._io = None
         if dev.type == "cuda":
             from tightfit.model.placed import PinnedIO
             self._io = PinnedIO()          # activations of split matrices crossing PCIe
-            self._pinned = [torch.empty(1, E, dtype=torch.float32).pin_memory() for _ in range(2)]
+            self._pinned = [torch.empty(1, c.n_embd, dtype=torch.float32).pin_memory()
+                            for _ in range(2)]
             self._events = [None, None]
             self._slot = 0
 
     def workspace_bytes(self) -> int:
-        names = ("x", "xn", "mix", "ffo", "u", "y", "zg", "o", "on", "alpha", "beta", "qg", "kk",
-                 "vv", "q", "ao", "g", "up", "h", "logits", "cos", "sin")
-        n = sum(getattr(self, k).numel() * 4 for k in names)
-        if self.kv_type:
-            n += self.ws.nbytes + self.kvw.nbytes - self.ws.R.numel() * 4   # R shared
-        else:
-            n += sum(t.numel() * t.element_size() for t in self.ws)
-        for qa in self._qa.values():
-            n += qa.q.numel() + qa.d.numel() * 4 + qa.s16.numel() * 4
-        return n
+        """Device bytes of the step buffers (tightfit.plan.buffers): the plan's workspace line
+        on the placed path (status word included)."""
+        return sum(t.numel() * t.element_size() for t in self._ws.values())
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The step buffers by name (views of the one workspace allocation)."""
+        return dict(self._ws)
 
     def new_state(self, max_ctx: int | None = None) -> GPUState:
         m = int(max_ctx or self.n_ctx)
         if m > self.n_ctx:
             raise UserError(f"max_ctx {m} exceeds the executor's n_ctx {self.n_ctx}")
         if self.placed is not None:        # KV + recurrent banks + status in the arena
-            return self.placed.new_state(self.config, m)
+            return self.placed.new_state(self.config, m, self.kv_type)
         return GPUState(self.config, m, device=self.device, kv_type=self.kv_type)
 
     def state_bytes(self, max_ctx: int | None = None) -> dict[str, int]:
@@ -295,17 +406,17 @@ class GPUModel:
 
     # ---- matrices -----------------------------------------------------------------------------
     def _quant(self, x: torch.Tensor, layout: int):
-        from tightfit.kernels.quantize_act import QuantAct, quantize_act
+        from tightfit.kernels.gemv_route import new_act, quantize_into
         key = (x.data_ptr(), layout)
         qa = self._qa.get(key)
         if qa is None:
+            if self.placed is not None:
+                raise RuntimeError(f"no planned int8 activation buffer for layout {layout} of a "
+                                   f"[{x.shape[0]}, {x.shape[1]}] input (plan/buffers.py)")
             n, k = x.shape
-            qa = QuantAct(torch.empty((n, k), dtype=torch.int8, device=x.device),
-                          torch.empty((n, k // 32), dtype=torch.float32, device=x.device),
-                          torch.empty((n, k // 16), dtype=torch.int32, device=x.device),
-                          layout, n, k)
+            qa = new_act(layout, n, k, x.device)
             self._qa[key] = qa
-        return quantize_act(x, layout, out=qa)
+        return quantize_into(x, layout, qa)
 
     def _linears(self, x: torch.Tensor, pairs: Sequence[tuple[str, torch.Tensor]]) -> None:
         """out = x . W^T for each (tensor name, out buffer); x quantized once per layout.
@@ -318,6 +429,7 @@ class GPUModel:
             xh, ev = to_host_async(x, self._io, ("x", x.data_ptr()))
         acts: dict = {}
         gm = _gemv_mod()
+        from tightfit.kernels.gemv_route import gemv_act
         for name, out in pairs:
             L = self.lin.get(name)
             if L is None:
@@ -326,7 +438,7 @@ class GPUModel:
             if L.kind == "quant":
                 if L.layout not in acts:
                     acts[L.layout] = self._quant(x, L.layout)
-                gm.gemv_quantized(acts[L.layout], L.raw, L.qtype, L.n_out, out=o)
+                gemv_act(acts[L.layout], L.raw, L.qtype, L.n_out, o, self._gemv_part)
             elif L.kind == "float":
                 gm.gemv(x, L.raw, L.qtype, L.n_out, L.n_in, out=o)
             else:
@@ -348,35 +460,48 @@ class GPUModel:
             self._io.recorded(key)
 
     # ---- embedding ----------------------------------------------------------------------------
-    def _device_embedding(self):
-        """`tightfit.kernels.embed.embed_rows` if it exists and agrees with the host path: on the
-        arena's copy when the plan put the table on the device, on an extra device copy only with
-        TIGHTFIT_DEVICE_EMBED=1 (legacy path)."""
-        if self.device.type != "cuda":
+    def _device_embedding(self, want: bool | None = None):
+        """(table raw bytes, embed_rows) when the step embeds on the device: the token id is read
+        from `tok_id` by tightfit.kernels.embed.embed_rows inside the (captured) step. Used when
+        the table is on the device (the plan put it in the arena; on the legacy path an extra
+        device copy, only with TIGHTFIT_DEVICE_EMBED=1 or device_embed=True), its type has a
+        device kernel (embed.DEVICE_TYPES; n_embd % 256 == 0 for the quantized ones) and it
+        agrees with the host path on two rows. Otherwise None: the row is decoded on the host
+        and copied into x before each step (the fallback). `want`: None = automatic (CUDA only),
+        False = host rows, True = device lookup wherever possible (also on the CPU, for tests)."""
+        if want is False or (want is None and self.device.type != "cuda"):
             return None
         placed_raw = None
         if self.placed is not None:
             if self.placed.embedding_on_host():
                 return None   # the plan keeps the table on the host: one row per token
             placed_raw = self.placed.gpu_raw("token_embd.weight")
-        elif os.environ.get("TIGHTFIT_DEVICE_EMBED") != "1":
+        elif want is None and os.environ.get("TIGHTFIT_DEVICE_EMBED") != "1":
             return None       # default: the host row (no second copy of the table on the GPU)
         try:
-            from tightfit.kernels.embed import embed_rows
+            from tightfit.kernels import embed as EM
         except Exception:  # noqa: BLE001
             return None
         info = self._embd_info
+        t = int(info.qtype)
+        if t not in EM.DEVICE_TYPES or (t not in EM.FLOAT_TYPES and self.config.n_embd % 256):
+            return None       # no capturable kernel for this type: host rows
         try:
             raw = placed_raw if placed_raw is not None else torch.from_numpy(np.ascontiguousarray(
                 np.asarray(info.raw(), dtype=np.uint8).reshape(-1))).to(self.device)
             ids = torch.tensor([0, self.config.n_vocab - 1], device=self.device)
-            got = embed_rows(ids, raw, int(info.qtype), self.config.n_embd)
-            want = torch.cat([self._host_row(0), self._host_row(self.config.n_vocab - 1)])
-            if torch.allclose(got.float().cpu(), want, rtol=1e-5, atol=1e-6):
-                return raw, embed_rows
+            got = EM.embed_rows(ids, raw, t, self.config.n_embd)
+            want_rows = torch.cat([self._host_row(0), self._host_row(self.config.n_vocab - 1)])
+            if torch.allclose(got.float().cpu(), want_rows, rtol=1e-5, atol=1e-6):
+                return raw, EM.embed_rows
         except Exception:  # noqa: BLE001 - unknown signature: keep the host path
             pass
         return None
+
+    @property
+    def device_embedding(self) -> bool:
+        """True when the step reads its token id from the device buffer `tok_id`."""
+        return self._embed_dev is not None
 
     def _host_row(self, tok: int) -> torch.Tensor:
         if self.placed is not None:        # decoded on the CPU from the mmap (cpu_gemv)
@@ -384,13 +509,20 @@ class GPUModel:
         from tightfit.model.weights import dequantize_rows
         return dequantize_rows(self._embd_info, np.array([tok]), torch.float32)
 
-    def _load_embedding(self, tok: int) -> None:
+    def _embed_step(self) -> None:
+        """First op of the step (device path): x = row tok_id of the compressed table."""
+        raw, fn = self._embed_dev
+        fn(self.tok_id, raw, int(self._embd_info.qtype), self.config.n_embd, out=self.x)
+
+    def _load_embedding(self, tok: int | None) -> None:
+        """Before the step: the token id into `tok_id` (device path; None = already there, fed
+        back by the previous step), or its host-decoded row into x (fallback)."""
         if self._embed_dev is not None:
-            raw, fn = self._embed_dev
-            ids = torch.tensor([tok], device=self.device)
-            self.x.copy_(fn(ids, raw, int(self._embd_info.qtype),
-                            self.config.n_embd).float().reshape(1, -1))
+            if tok is not None:
+                self.tok_id.fill_(int(tok))
             return
+        if tok is None:
+            raise UserError("this executor embeds on the host: the step needs the token id")
         row = self._host_row(tok)
         if self._pinned is None:
             self.x.copy_(row)
@@ -402,6 +534,22 @@ class GPUModel:
         self.x.copy_(self._pinned[s], non_blocking=True)
         ev = self._events[s] = torch.cuda.Event()
         ev.record()
+
+    def _argmax_feed(self, st: GPUState) -> None:
+        """tok_id = argmax(logits) and ids_ring[status.pos % IDS_RING] = the same id, on the
+        device (two-stage argmax; the first maximal index wins, like torch.argmax)."""
+        V = self.config.n_vocab
+        if self.use_triton:
+            nb = self.argmax_val.numel()
+            _argmax_stage1[(nb,)](self.logits, V, self.argmax_val, self.argmax_idx,
+                                  BLOCK=ARGMAX_BLOCK, num_warps=8)
+            _argmax_stage2[(1,)](self.argmax_val, self.argmax_idx, nb, V, self.tok_id,
+                                 self.ids_ring, st.status, RING=self.ids_ring.numel(),
+                                 NB=triton.next_power_of_2(nb), num_warps=1)
+            return
+        b = self.logits.reshape(-1).argmax()
+        self.tok_id.copy_(b.reshape(1))
+        self.ids_ring[int(st.status[2]) % self.ids_ring.numel()] = b
 
     # ---- the step -----------------------------------------------------------------------------
     def _gdn(self, il: int, st: GPUState) -> None:
@@ -435,10 +583,14 @@ class GPUModel:
                      n_chunks=nch, chunk=self.chunk)
         self._linears(self.ao, [(p + "attn_output.weight", self.mix)])
 
-    def _step(self, st: GPUState, mode: str, head: bool) -> None:
-        """One token; x holds its embedding row. Writes logits (if head) and commits."""
+    def _step(self, st: GPUState, mode: str, head: bool, feed: bool = False) -> None:
+        """One token: its embedding row (from tok_id on the device path, else x holds it
+        already), 64 blocks, logits (if head; with feed their argmax goes to tok_id for the next
+        step), commit."""
         c = self.config
         eps = c.rms_eps
+        if self._embed_dev is not None:
+            self._embed_step()
         for il in range(c.n_layer):
             p = f"blk.{il}."
             self.op_norm(self.x, self.ffo if il else None, self.vec[p + "attn_norm.weight"], eps,
@@ -454,42 +606,88 @@ class GPUModel:
         self.op_norm(self.x, self.ffo, self.vec["output_norm.weight"], eps, self.xn)
         if head:
             self._linears(self.xn, [("output.weight", self.logits)])
+            if feed:
+                self._argmax_feed(st)
             self.op_commit(self.x, self.logits, st.status, 1)
         else:
             self.op_commit(self.x, self.x, st.status, 1)
 
-    def _graph(self, st: GPUState, mode: str, head: bool):
-        key = (mode, head)
+    def _graph(self, st: GPUState, mode: str, head: bool, feed: bool = False):
+        key = (mode, head, feed)
         g = st.graphs.get(key)
         if g is not None:
             return g
         # warm-up (JIT compiles, lazy tables) on a side stream; it writes only the staging bank
-        # and the KV row at pos, both unseen, and the status word is restored afterwards
-        saved = st.status.clone()
+        # and the KV row at pos, both unseen; the status word and the token id are restored
+        # afterwards from host copies (no device allocation outside the plan)
+        saved, saved_tok = st.status.cpu(), self.tok_id.cpu()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._step(st, mode, head)
+            self._step(st, mode, head, feed)
         torch.cuda.current_stream().wait_stream(side)
         st.status.copy_(saved)
+        self.tok_id.copy_(saved_tok)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            self._step(st, mode, head)
+            self._step(st, mode, head, feed)
         st.status.copy_(saved)
+        self.tok_id.copy_(saved_tok)
         st.graphs[key] = g
         return g
 
-    def step_token(self, tok: int, st: GPUState, head: bool = True) -> None:
-        """Launch one decode step (no host sync); the logits land in self.logits."""
+    def step_token(self, tok: int | None, st: GPUState, head: bool = True,
+                   feed: bool = False) -> None:
+        """Launch one decode step (no host sync); the logits land in self.logits. tok=None: the
+        id already in `tok_id` (device embedding only), e.g. fed back by the previous step;
+        feed=True: the step ends with tok_id = argmax(logits) (needs head)."""
+        if feed and not head:
+            raise UserError("feed needs the logits (head=True)")
         mode = "single" if st.pos + 1 <= A.SINGLE_PASS_MAX else "split"
         if self.use_graphs:
-            g = self._graph(st, mode, head)
+            g = self._graph(st, mode, head, feed)
             self._load_embedding(tok)
             g.replay()
         else:
             self._load_embedding(tok)
-            self._step(st, mode, head)
+            self._step(st, mode, head, feed)
         st.advanced(1)
+
+    def greedy(self, tok: int, state: GPUState, n: int) -> list[int]:
+        """n greedy tokens after `tok` (which is processed first): with the device embedding the
+        sampled id never leaves the device between steps (argmax -> tok_id -> next step's
+        embedding, all inside the captured step), and the host reads the ids once per IDS_RING
+        steps; otherwise the host takes each argmax. Raises NonFiniteError like forward."""
+        ids = self._token_ids([tok])
+        if not isinstance(state, GPUState) or state.config != self.config \
+                or state.kv_type != self.kv_type:
+            raise StateError("state was created for a different model (or KV cache type)")
+        n = int(n)
+        if n < 1:
+            raise UserError(f"greedy needs n >= 1, got {n}")
+        state.check_usable(n)
+        out: list[int] = []
+        R = self.ids_ring.numel()
+        with torch.no_grad():
+            if self._embed_dev is None:
+                t = ids[0]
+                for _ in range(n):
+                    self.step_token(t, state, head=True)
+                    t = int(self.logits.reshape(-1).argmax())
+                    out.append(t)
+            else:
+                first = True
+                while len(out) < n:
+                    p0, k = state.pos, min(R, n - len(out))
+                    for _ in range(k):
+                        self.step_token(ids[0] if first else None, state, head=True, feed=True)
+                        first = False
+                    ring = self.ids_ring.tolist()          # one host read per R steps
+                    out += [int(ring[(p0 + i) % R]) for i in range(k)]
+        state.sync()
+        return out
+
+
 
     # ---- public API ---------------------------------------------------------------------------
     def _token_ids(self, tokens: Any) -> list[int]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from tightfit.errors import PlanError, UserError
 from tightfit.model.config import Qwen35Config
+from tightfit.plan.buffers import DEFAULT_ATTN_CHUNK, act_layouts, pack, step_buffers, vector_shapes
 from tightfit.plan.placement import (ModelInventory, Placement, TensorSpec, align_up,
                                      build_placement, type_name)
 from tightfit.plan.rowsplit import check_exact_cover, host_rows_for, split_candidates
@@ -54,6 +55,13 @@ def register_kv_format(fmt: KVFormat) -> None:
 
 
 def kv_format(name: str) -> KVFormat:
+    import tightfit.kvquant  # noqa: F401  registers the quantized formats (q8_0, tq2/3/4, mixes)
+    if name.lower() not in KV_FORMATS and "+" in name:     # any other <k>+<v> mix
+        from tightfit.kvquant import planner_format
+        try:
+            register_kv_format(planner_format(name.lower()))
+        except ValueError:
+            pass
     try:
         return KV_FORMATS[name.lower()]
     except KeyError:
@@ -91,14 +99,15 @@ class PlanOptions:
     include_mtp: bool = False      # single-token mode leaves blk.<n_layer>+ out
     prefill_chunk: int = 512       # tokens per prefill step
     reserve: int | None = None     # override the safety reserve
+    attn_chunk: int = DEFAULT_ATTN_CHUNK   # split-K rows per chunk of the executor's decode step
 
     def validate(self, cfg: Qwen35Config) -> None:
         if self.ctx < 1:
             raise UserError(f"--ctx must be at least 1, got {self.ctx}")
         if self.ctx > cfg.n_ctx_train:
             raise UserError(f"--ctx {self.ctx} exceeds the model's trained context {cfg.n_ctx_train}")
-        if self.batch < 1 or self.prefill_chunk < 1:
-            raise UserError("--batch and the prefill chunk must be at least 1")
+        if self.batch < 1 or self.prefill_chunk < 1 or self.attn_chunk < 1:
+            raise UserError("--batch, the prefill chunk and the attention chunk must be at least 1")
         if self.host_embd not in ("auto", "yes", "no"):
             raise UserError(f"--host-embd must be auto, yes or no, got {self.host_embd!r}")
         if self.available < 0:
@@ -113,6 +122,11 @@ class BillLine:
     bytes: int
     formula: str
     details: dict[str, Any] = field(default_factory=dict)
+    region: int | None = None      # arena region bytes when larger than `bytes` (inner padding)
+
+    @property
+    def region_bytes(self) -> int:
+        return self.bytes if self.region is None else self.region
 
 
 # ---- the lines that do not depend on placement ------------------------------------------------
@@ -138,9 +152,29 @@ def _decode_scratch(cfg: Qwen35Config, T: int, ctx: int, partials: bool) -> dict
             "attention_partials": attn_partials, "output_head": head}
 
 
-def _fixed_lines(cfg: Qwen35Config, o: PlanOptions) -> dict[str, BillLine]:
+def workspace_buffers(cfg: Qwen35Config, o: PlanOptions, inv: ModelInventory | None = None):
+    """The executor's step buffers for these options (tightfit.plan.buffers.step_buffers); the
+    int8 GEMV inputs are priced for every matrix the executor reads (a matrix moved wholly to
+    the host keeps its few KB), the decoded vectors for every non-F32 vector tensor."""
     fmt = kv_format(o.kv_type)
-    E, V, B = cfg.n_embd, cfg.n_vocab, o.batch
+    layouts, vectors = {}, {}
+    if inv is not None:
+        needed = inv.needed(o.include_mtp)
+        layouts = act_layouts((t.name, t.qtype, t.ne[0]) for t in needed if t.is_matrix)
+        if cfg.tied_output or "output.weight" not in inv.tensors:
+            emb = inv.tensors["token_embd.weight"]
+            extra = act_layouts([("output.weight", emb.qtype, emb.ne[0])])
+            for k, v in extra.items():
+                layouts[k] = tuple(sorted(set(layouts.get(k, ())) | set(v)))
+        vectors = vector_shapes((t.name, t.qtype, t.ne) for t in needed)
+    return step_buffers(cfg, o.ctx, None if fmt.name == "f16" else fmt.name, o.attn_chunk,
+                        layouts, vectors)
+
+
+def _fixed_lines(cfg: Qwen35Config, o: PlanOptions,
+                 inv: ModelInventory | None = None) -> dict[str, BillLine]:
+    fmt = kv_format(o.kv_type)
+    B = o.batch
     per_tok = kv_bytes_per_token(cfg, fmt)
     kv = BillLine("kv_cache", f"Full-attention KV cache ({fmt.name})", o.ctx * per_tok,
                   "ctx x n_attn_layers x 2 x bytes(n_head_kv x head_dim)",
@@ -155,21 +189,27 @@ def _fixed_lines(cfg: Qwen35Config, o: PlanOptions) -> dict[str, BillLine]:
                       "gdn_layers": n_rec, "banks": STATE_BANKS,
                       "conv_bytes_per_layer": cfg.conv_state_elems * STATE_DTYPE_BYTES,
                       "ssm_bytes_per_layer": cfg.ssm_state_elems * STATE_DTYPE_BYTES})
-    # hidden + residual f32 and the logits for B tokens, token ids + positions, one status word
-    ws_parts = {"hidden_residual": B * 2 * E * 4, "logits": B * V * 4, "ids_positions": B * 8,
-                "status": 4}
-    ws = BillLine("workspace", "Persistent workspace", sum(ws_parts.values()),
-                  "batch x (2 x E x 4 + n_vocab x 4 + 8) + 4", ws_parts)
+    # the executor's persistent step buffers, itemized (tightfit.plan.buffers): every one is
+    # carved from this region, so the line is exactly what is allocated
+    bufs = workspace_buffers(cfg, o, inv)
+    _offs, packed = pack(bufs)
+    ws = BillLine("workspace", "Persistent workspace (executor step buffers)",
+                  sum(b.nbytes for b in bufs),
+                  "sum of the executor's step buffers (tightfit.plan.buffers): activations, "
+                  "logits, token id + argmax, RoPE tables, split-K partials, KV-quant tables, "
+                  "int8 GEMV inputs, status word", {"buffers": {b.name: b.nbytes for b in bufs}},
+                  region=packed)
     dec = _decode_scratch(cfg, B, o.ctx, partials=True)
     P = min(o.prefill_chunk, o.ctx)
     pre = _decode_scratch(cfg, P, o.ctx, partials=False)   # prefill attention is tiled, no partials
-    pre_extra = {"chunk_hidden_residual": P * 2 * E * 4,
+    pre_extra = {"chunk_hidden_residual": P * 2 * cfg.n_embd * 4,
                  "gdn_chunk_matrices": -(-P // GDN_PREFILL_CHUNK) * cfg.ssm_v_heads
                  * GDN_PREFILL_CHUNK * GDN_PREFILL_CHUNK * 4}
     dec_bytes = max(v for k, v in dec.items() if k != "attention_partials")
     pre_bytes = max(v for k, v in pre.items() if k != "attention_partials") + sum(pre_extra.values())
-    scratch = BillLine("scratch", "Scratch: max(prefill, decode)", max(dec_bytes, pre_bytes),
-                       "max(decode: T=batch largest block incl. attention partials, "
+    scratch = BillLine("scratch", "Scratch of the batched forward: max(prefill, verify)",
+                       max(dec_bytes, pre_bytes),
+                       "max(verify: T=batch largest block incl. attention partials, "
                        "prefill: T=min(chunk, ctx) largest block + chunk hidden + GDN chunk matrices)",
                        {"decode_bytes": dec_bytes, "prefill_bytes": pre_bytes, "prefill_tokens": P,
                         "decode": dec, "prefill": {**pre, **pre_extra}})
@@ -230,7 +270,7 @@ class Plan:
                    ("kv_cache", self.line("kv_cache").bytes)]
         bank = self.line("recurrent_state").bytes // STATE_BANKS
         regions += [(f"recurrent_state.bank{i}", bank) for i in range(STATE_BANKS)]
-        regions += [(k, self.line(k).bytes) for k in ("workspace", "scratch", "staging")]
+        regions += [(k, self.line(k).region_bytes) for k in ("workspace", "scratch", "staging")]
         for name, n in regions:
             out.append((name, off, n))
             off = align_up(off + n)
@@ -267,8 +307,8 @@ class _Solver:
         self.inv, self.o, self.cfg = inv, o, inv.config
         self.needed = inv.needed(o.include_mtp)
         self.emb = inv.tensors["token_embd.weight"]
-        self.fixed = _fixed_lines(self.cfg, o)
-        self.fixed_total = sum(align_up(l.bytes) for l in self.fixed.values())
+        self.fixed = _fixed_lines(self.cfg, o, inv)
+        self.fixed_total = sum(align_up(l.region_bytes) for l in self.fixed.values())
         self.region_all = sum(align_up(t.nbytes) for t in self.needed)
         self.reserve = _reserve(o)
 
@@ -358,7 +398,7 @@ def plan_model(inv: ModelInventory, o: PlanOptions) -> Plan:
                        "host_bytes": placement.host_bytes})]
     fixed = s.fixed
     staging = _staging(cfg, o, he, s.exchange_for(host_rows))
-    region_pad = sum(align_up(l.bytes) - l.bytes for l in (*fixed.values(), staging))
+    region_pad = sum(align_up(l.region_bytes) - l.bytes for l in (*fixed.values(), staging))
     lines.append(BillLine("alignment", f"Arena alignment ({256} B)", placement.padding_bytes
                           + region_pad, "sum(align_up(region) - region)",
                           {"weights": placement.padding_bytes, "other_regions": region_pad}))
@@ -371,10 +411,12 @@ def plan_model(inv: ModelInventory, o: PlanOptions) -> Plan:
     assert (plan.total_bytes <= o.available) == fits, "solver and bill disagree"
     plan.max_ctx_that_fits = _max_ctx(inv, o)
     plan.max_ctx_same_placement = _max_ctx(inv, o, (he, host_rows)) if fits else 0
-    if not kv_format(o.kv_type).runtime:
-        plan.notes.append(f"KV format {o.kv_type}: priced exactly; runs on the CPU path (--device cpu); "
-                          "the GPU kernels for it are not yet measured on a device, and the placed "
-                          "(--vram) GPU path does not take it yet")
+    fmt = kv_format(o.kv_type)
+    if not fmt.runtime:
+        plan.notes.append(f"KV format {fmt.name}: priced exactly, but no executor reads it yet")
+    elif fmt.name != "f16":
+        plan.notes.append(f"KV format {fmt.name}: {kv_bytes_per_token(cfg, fmt):,} B/token, priced "
+                          f"exactly; {fmt.note}")
     if not fits:
         plan.would_fit = _would_fit(inv, o)
     return plan

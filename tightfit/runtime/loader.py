@@ -10,7 +10,8 @@ from tightfit.errors import UserError
 KV_DTYPES = {"f16": "float16", "f32": "float32"}
 # The CPU path also takes the quantized types of tightfit.kvquant (q8_0, tq3, tq4, <k>+<v>, ...):
 # the State stores them natively (tightfit/runtime/state.py). device='cuda' takes them too
-# (GPUModel kv_type=, attn_decode_q), except with a placement (--vram / plan: f16 arena only).
+# (GPUModel kv_type=, attn_decode_q), with a placement too (--vram / plan: the plan prices the
+# cache in that format and the arena holds it).
 
 
 def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, kv_type: str = "f16",
@@ -45,9 +46,6 @@ def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, kv_typ
             if qt is None:
                 raise UserError(f"--kv-type {kv_type}: the GPU executor runs an f16 or a quantized "
                                 "KV cache (q8_0, tq3, tq4, <k>+<v>); f32 runs on --device cpu")
-            if vram is not None or plan is not None:
-                raise UserError(f"--kv-type {kv_type}: the placed arena (--vram) holds an f16 KV "
-                                "cache only so far (run without --vram, or on --device cpu)")
             kw["kv_type"] = qt
         if plan is None and vram is not None:
             from tightfit.model.placed import plan_for
