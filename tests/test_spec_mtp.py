@@ -135,3 +135,97 @@ def test_mtp_observes_every_verified_position(engine):
     last = list(se.generate(p, max_tokens=30, sampling=GREEDY))[-1]
     m = drafters["mtp"]
     assert m.n_true + len(m._pt) == len(p) + len(last.tokens) - 1
+
+
+def _record_proposals(monkeypatch):
+    """Every MTP draft as (target position of the draft's first token, tokens)."""
+    from tightfit.runtime.spec.mtp import MTPDrafter
+    log = []
+    orig = MTPDrafter.propose
+
+    def spy(self, max_k=None):
+        pos = self.cache.base + self.n_true + len(self._pt) + 1
+        d = orig(self, max_k)
+        log.append((pos, None if d is None else list(d.tokens)))
+        return d
+    monkeypatch.setattr(MTPDrafter, "propose", spy)
+    return log
+
+
+def _spec(engine):
+    from tightfit.runtime.spec import SpecConfig, SpeculativeEngine
+    return SpeculativeEngine(engine, SpecConfig(drafters=("mtp",), mtp_draft=3, adaptive=False))
+
+
+def _direct(engine, ids, n, log):
+    del log[:]
+    last = list(_spec(engine).generate(list(ids), max_tokens=n, sampling=GREEDY))[-1]
+    return last.tokens, list(log)
+
+
+def test_mtp_through_session_sees_the_whole_context(engine, monkeypatch):
+    """Issue 10: through a Session (prompt prefilled by the Session, turn 2 on the live state,
+    turn 3 restored from a prompt-cache snapshot) the MTP drafter proposes exactly what it
+    proposes in a direct generate of the same ids on a fresh state, i.e. its KV holds every
+    earlier position, not only the tokens of the current request."""
+    from tightfit.runtime.session import Session
+    log = _record_proposals(monkeypatch)
+    s = Session(_spec(engine))
+    p1 = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]
+    evs = list(s.generate(p1, max_tokens=10, sampling=GREEDY, checkpoints=[7]))
+    g1 = evs[-1].tokens
+    want1 = _direct(engine, p1, 10, log)
+    del log[:]
+    evs = list(s.generate(p1, max_tokens=10, sampling=GREEDY))   # same prompt: cache hit
+    assert evs[-1].tokens == want1[0] and evs[-1].timings.cache_n == len(p1) - 1
+
+    # turn 2 continues the live state (the previous request's prompt + output + new tokens)
+    ids2 = p1 + g1 + [40, 41, 42, 43]
+    del log[:]
+    evs = list(s.generate(ids2, max_tokens=16, sampling=GREEDY))
+    got2 = (evs[-1].tokens, list(log))
+    assert evs[-1].timings.cache_n >= len(p1) + len(g1) - 1
+    want2 = _direct(engine, ids2, 16, log)
+    assert got2[0] == want2[0]
+    assert len(want2[1]) > 3 and got2[1] == want2[1]
+
+    # another sequence replaces the live state; then turn 3 of the first one restores a snapshot
+    list(s.generate([5, 6, 7, 8, 9], max_tokens=4, sampling=GREEDY))
+    ids3 = ids2 + evs[-1].tokens + [50, 51]
+    del log[:]
+    evs3 = list(s.generate(ids3, max_tokens=12, sampling=GREEDY))
+    got3 = (evs3[-1].tokens, list(log))
+    assert evs3[-1].timings.cache_n >= len(ids2)            # restored, not recomputed
+    want3 = _direct(engine, ids3, 12, log)
+    assert got3[0] == want3[0] and got3[1] == want3[1]
+
+    # a prompt that shares only the prefix before the turn-1 checkpoint (restore at 7 tokens)
+    ids4 = p1[:7] + [60, 61, 62]
+    del log[:]
+    evs4 = list(s.generate(ids4, max_tokens=8, sampling=GREEDY))
+    assert evs4[-1].timings.cache_n == 7
+    got4 = (evs4[-1].tokens, list(log))
+    assert got4 == _direct(engine, ids4, 8, log)
+
+
+def test_mtp_context_truncate_and_snapshot(engine):
+    """The drafter's rollback: truncate(n) keeps the pairs of positions < n-1 and reopens the
+    hidden row of n-1; a snapshot restores exactly that."""
+    from tightfit.runtime.spec.mtp import MTPDrafter
+    se = _spec(engine)
+    m = MTPDrafter(se.mtp_head, 3)
+    E = engine.config.n_embd
+    h = torch.randn(6, E)
+    m.feed(h[:4], [1, 2, 3, 4])
+    assert m.n_pos == 4 and m.n_true + len(m._pt) == 3 and m.h_open is not None
+    m.follow(9)
+    m.observe(h[4:6], [5, 6])
+    assert m.n_pos == 6 and m.h_open is None
+    assert m.truncate(6) and m.n_pos == 6 and torch.equal(m.h_open, h[5:6])
+    snap = m.snapshot()
+    assert snap.n == 5 and m._pt == []
+    m2 = MTPDrafter(se.mtp_head, 3)
+    m2.restore(snap)
+    assert m2.n_pos == 6 and torch.equal(m2.h_open, h[5:6])
+    assert torch.equal(m2.cache.k[:5], m.cache.k[:5])
+    assert not m.truncate(3) and m.n_pos == 0        # position 2's hidden row is gone: reset

@@ -108,6 +108,18 @@ class ChatPrompt:
     boundary: int | None
 
 
+class _Entry:
+    """A prompt-cache entry: the State snapshot and, with a speculative engine, the snapshot of
+    its per-sequence context (the MTP drafter's KV over the same positions; None: none valid)."""
+    __slots__ = ("state", "ctx")
+
+    def __init__(self, state, ctx=None):
+        self.state, self.ctx = state, ctx
+
+    def nbytes(self) -> int:
+        return int(self.state.nbytes()) + (int(self.ctx.nbytes()) if self.ctx is not None else 0)
+
+
 def _to_host(snap):
     """Snapshots live in host RAM, whatever device the state is on."""
     if snap.kv is not None:
@@ -125,6 +137,10 @@ class Session:
         self.state = None
         self._live: tuple[int, ...] | None = None   # token ids the live state holds (None: unknown)
         self._busy = False
+        # a speculative engine's per-sequence context (the MTP drafter's KV), kept in step with
+        # the state: fed by the prefill, rolled back with it, snapshotted with it
+        make = getattr(engine, "new_context", None)
+        self.ctx = make() if callable(make) else None
 
     @property
     def n_ctx(self) -> int:
@@ -199,9 +215,10 @@ class Session:
         try:
             n_cached, t_prefill = self._prefill(ids, checkpoints)
             n_own = len(ids) - 1 - n_cached      # prompt tokens prefilled here (the engine does 1)
+            extra = {"context": self.ctx} if self.ctx is not None else {}
             for ev in self.engine.generate(ids, max_tokens=max_tokens, sampling=sampling, stop=stop,
                                            state=self.state, n_past=len(ids) - 1,
-                                           should_stop=should_stop):
+                                           should_stop=should_stop, **extra):
                 if ev.finish_reason is not None:
                     history = list(ids) + list(ev.tokens)
                 elif ev.token is not None:
@@ -229,14 +246,21 @@ class Session:
         limit = len(ids) - 1
         n_cached, snap = self.cache.lookup(ids, limit)
         live = self._live
+        ctx = self.ctx
         if live is not None and len(live) >= max(n_cached, 1) and len(live) <= limit \
                 and tuple(ids[:len(live)]) == live and self.state.pos == len(live):
             n_cached, snap = len(live), None      # the live state already holds this prefix
+            if ctx is not None:
+                ctx.truncate(len(live))
         elif snap is not None:
-            self.state.restore(snap)
+            self.state.restore(snap.state)
+            if ctx is not None:
+                ctx.restore(snap.ctx)
         else:
             n_cached = 0
             self.state.reset()
+            if ctx is not None:
+                ctx.reset()
         self._live = None                          # until this request finishes cleanly
         t0 = time.perf_counter()
         points = sorted({int(c) for c in checkpoints if n_cached < int(c) < limit} | {limit})
@@ -245,28 +269,44 @@ class Session:
             if p <= pos:
                 continue
             for i in range(pos, p, PREFILL_CHUNK):
-                eng.model.forward(ids[i:min(p, i + PREFILL_CHUNK)], self.state, logits="none")
+                chunk = ids[i:min(p, i + PREFILL_CHUNK)]
+                if ctx is not None:
+                    eng.prefill_context(chunk, self.state, ctx)
+                else:
+                    eng.model.forward(chunk, self.state, logits="none")
             pos = p
-            self.cache.put(ids[:p], _to_host(self.state.snapshot(include_kv=True)))
+            self.cache.put(ids[:p], self._entry(p))
         return n_cached, (time.perf_counter() - t0) * 1000.0
+
+    def _entry(self, n: int) -> _Entry:
+        """Snapshot of the state (n positions) and of the context over the same positions."""
+        snap = _to_host(self.state.snapshot(include_kv=True))
+        return _Entry(snap, self.ctx.snapshot(n) if self.ctx is not None else None)
 
     def _after(self, history: list[int], ok: bool) -> None:
         """Record what the state holds; snapshot the end of the turn."""
         st = self.state
         if st is None:
             return
+        ctx = self.ctx
         if not ok or st.pos > len(history):
             self._live = None
             st.reset()
+            if ctx is not None:
+                ctx.reset()
             return
         key = tuple(history[:st.pos])
         self._live = key
+        if ctx is not None:
+            ctx.truncate(st.pos)       # the newest token is not in the state: nor in the context
         if key and key not in self.cache:
             try:
-                self.cache.put(key, _to_host(st.snapshot(include_kv=True)))
+                self.cache.put(key, self._entry(st.pos))
             except UserError:
                 self._live = None
                 st.reset()
+                if ctx is not None:
+                    ctx.reset()
 
     def reset(self) -> None:
         """Forget the live state and every cached snapshot."""
@@ -274,4 +314,6 @@ class Session:
         self._live = None
         if self.state is not None:
             self.state.reset()
+        if self.ctx is not None:
+            self.ctx.reset()
 

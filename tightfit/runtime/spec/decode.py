@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from tightfit.errors import UserError
-from tightfit.runtime.engine import Event, Timings, _stream_decoder
+from tightfit.runtime.engine import PREFILL_CHUNK, Event, Timings, _stream_decoder
 from tightfit.runtime.sampler import GREEDY, Sampler, SamplingParams
 from tightfit.runtime.spec.ngram import Draft, NGramDrafter
 from tightfit.runtime.spec.policy import Policy
@@ -121,7 +121,37 @@ class SpeculativeEngine:
         prompt = self.engine.render_chat(messages, tools=tools, **(chat_template_kwargs or {}))
         return self.generate(prompt, **gen_kwargs)
 
-    def _drafters(self, sampler: Sampler) -> dict[str, Any]:
+    # ---- per-sequence context (a Session's sequence across requests) ----------------------------
+    def new_context(self) -> "SpecContext":
+        """What a Session keeps for its sequence: the MTP drafter with its KV over every position
+        the state holds (None without an MTP head), rolled back and snapshotted with the state."""
+        mtp = None
+        if "mtp" in self.spec.drafters and self.mtp_head is not None:
+            from tightfit.runtime.spec.mtp import MTPDrafter
+            mtp = MTPDrafter(self.mtp_head, self.spec.mtp_draft, self.spec.mtp_p_min)
+        return SpecContext(mtp)
+
+    def prefill_context(self, ids: Sequence[int], state, context: "SpecContext | None") -> None:
+        """State-only prefill of prompt tokens (a Session's prefill) that also gives the context's
+        MTP drafter the target's hidden rows, so that it sees the whole prompt, as a direct
+        `generate` does."""
+        ids = list(ids)
+        if not ids:
+            return
+        m = context.mtp if context is not None else None
+        if m is not None and m.cache.base == 0 and m.n_pos == state.pos:
+            _, hidden = self.verifier.prefill(ids, state)
+            if hidden is not None:
+                m.feed(hidden, ids)
+                return
+            m.reset()               # no hidden rows from this verifier: no context (n_pos 0)
+            return
+        if m is not None:
+            m.reset()
+        for i in range(0, len(ids), PREFILL_CHUNK):
+            self.engine.model.forward(ids[i:i + PREFILL_CHUNK], state, logits="none")
+
+    def _drafters(self, sampler: Sampler, context: "SpecContext | None" = None) -> dict[str, Any]:
         s = self.spec
         out: dict[str, Any] = {}
         if "ngram" in s.drafters:
@@ -134,13 +164,20 @@ class SpeculativeEngine:
         if "mtp" in s.drafters and self.mtp_head is not None:
             from tightfit.runtime.spec.mtp import MTPDrafter
             rng = np.random.default_rng(int(sampler.rng.integers(1 << 62)))
-            out["mtp"] = MTPDrafter(self.mtp_head, s.mtp_draft, s.mtp_p_min, sampler.params, rng)
+            if context is not None and context.mtp is not None:
+                context.mtp.set_sampling(sampler.params, rng)
+                out["mtp"] = context.mtp
+            else:
+                out["mtp"] = MTPDrafter(self.mtp_head, s.mtp_draft, s.mtp_p_min, sampler.params, rng)
         return out
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128,
                  sampling: SamplingParams | None = None, stop: Sequence[str] = (),
                  state=None, n_past: int = 0,
-                 should_stop: Callable[[], bool] | None = None) -> Iterator[Event]:
+                 should_stop: Callable[[], bool] | None = None,
+                 context: "SpecContext | None" = None) -> Iterator[Event]:
+        """As Engine.generate; `context` (from `new_context`, with `state`) carries the MTP
+        drafter's view of the first `n_past` positions from earlier requests."""
         eng, s, pol = self.engine, self.spec, self.policy
         ids = eng.encode_prompt(prompt)
         if max_tokens is not None and max_tokens < 0:
@@ -151,14 +188,15 @@ class SpeculativeEngine:
         sampler = Sampler(sampling or GREEDY)
         acc = Acceptor(sampler)
         if state is None:
-            state, n_past = eng.new_state(), 0
+            state, n_past, context = eng.new_state(), 0, None
         if not 0 <= n_past < len(ids):
             raise ValueError("n_past must leave at least one prompt token to prefill")
-        return self._run(ids, max_tokens, sampler, acc, stop, state, n_past, should_stop)
+        return self._run(ids, max_tokens, sampler, acc, stop, state, n_past, should_stop, context)
 
-    def _run(self, ids, max_tokens, sampler, acc, stop, state, n_past, should_stop) -> Iterator[Event]:
+    def _run(self, ids, max_tokens, sampler, acc, stop, state, n_past, should_stop,
+             context=None) -> Iterator[Event]:
         eng, s, pol, ver = self.engine, self.spec, self.policy, self.verifier
-        drafters = self._drafters(sampler)
+        drafters = self._drafters(sampler, context) if context is not None else self._drafters(sampler)
         mtp = drafters.get("mtp")
         timings = SpecTimings(prompt_n=len(ids) - n_past, cache_n=n_past)
         t0 = time.perf_counter()
@@ -166,12 +204,17 @@ class SpeculativeEngine:
             logits, hidden = ver.prefill(ids[n_past:], state)
             if hidden is None:          # this verifier cannot give hidden states: no MTP
                 drafters.pop("mtp")
-                mtp, h_last = None, None
+                mtp.reset()
+                mtp = None
+            elif context is not None and context.mtp is mtp and mtp.cache.base == 0 \
+                    and mtp.n_pos == n_past:
+                mtp.feed(hidden, ids[n_past:])      # the context holds positions 0..n_past-1
             else:
                 mtp.begin(n_past, hidden, ids[n_past + 1:])
-                h_last = hidden[-1:]
         else:
-            logits, h_last = eng.prefill(ids[n_past:], state), None
+            logits = eng.prefill(ids[n_past:], state)
+            if context is not None:
+                context.reset()
         timings.prompt_ms = (time.perf_counter() - t0) * 1000.0
         for name, d in drafters.items():
             if name != "mtp":
@@ -207,7 +250,7 @@ class SpeculativeEngine:
             tok = sampler(logits, history)
             status, text = push(tok)
             if mtp is not None:
-                mtp.observe(h_last, [tok])
+                mtp.follow(tok)
             for name, d in drafters.items():
                 if name != "mtp":
                     d.extend([tok])
@@ -333,6 +376,40 @@ class SpeculativeEngine:
             self.policy.record_accept(name, dr.match_len, len(dr.tokens), m, censored=censored,
                                       verified=False)
         self._cheap = {}
+
+
+class SpecContext:
+    """Per-sequence speculative state that outlives a request (held by a Session): the MTP
+    drafter whose KV covers the positions the Session's state holds."""
+
+    def __init__(self, mtp=None):
+        self.mtp = mtp
+
+    @property
+    def n_pos(self) -> int:
+        return self.mtp.n_pos if self.mtp is not None else 0
+
+    def reset(self) -> None:
+        if self.mtp is not None:
+            self.mtp.reset()
+
+    def truncate(self, n: int) -> bool:
+        """Keep the first n positions (the state was rolled back or is reused at n)."""
+        return self.mtp.truncate(n) if self.mtp is not None else True
+
+    def snapshot(self, n: int):
+        """Host snapshot for a prompt-cache entry of n positions (None: nothing valid to keep)."""
+        if self.mtp is None or self.mtp.cache.base != 0 or self.mtp.n_pos != n:
+            return None
+        return self.mtp.snapshot()
+
+    def restore(self, snap) -> None:
+        if self.mtp is None:
+            return
+        if snap is None:
+            self.mtp.reset()
+        else:
+            self.mtp.restore(snap)
 
 
 class SyntheticDrafter:

@@ -114,9 +114,11 @@ class MTPHead:
         return MTPCache(self, capacity)
 
     def forward(self, h_in: torch.Tensor, next_tokens: Sequence[int], cache: "MTPCache",
-                at: int) -> tuple[torch.Tensor, torch.Tensor]:
+                at: int, logits: str = "all") -> tuple[torch.Tensor | None, torch.Tensor]:
         """Pairs (h_in[i], next_tokens[i]) at cache rows at.. (positions cache.base + at + i).
-        Writes their K/V, attends over rows [0, at+i]. Returns (logits [n, V], h' [n, E])."""
+        Writes their K/V, attends over rows [0, at+i]. Returns (logits, h' [n, E]); logits: 'all'
+        ([n, V]), 'last' ([1, V]: a long prompt's pairs never need their [n, V] logits) or
+        'none' (None)."""
         c, p, eps = self.config, self.p, self.config.rms_eps
         n = len(next_tokens)
         H, Hkv, D = c.n_head, c.n_head_kv, c.head_dim
@@ -148,8 +150,10 @@ class MTPHead:
                               p + "ffn_down.weight")
             norm = self.w.get(p + "nextn.shared_head_norm.weight", self.w["output_norm.weight"])
             h_out = _rmsnorm(x, norm, eps)
-            logits = self.head_fn(h_out)
-        return logits, h_out
+            if logits == "none":
+                return None, h_out
+            out = self.head_fn(h_out if logits == "all" else h_out[-1:])
+        return out, h_out
 
 
 class MTPCache:
@@ -180,6 +184,11 @@ class MTPCache:
 
 
 class MTPDrafter:
+    """Drafts with the MTP head. Bookkeeping over target positions (cache row i = position
+    base + i): `n_true` pairs are in the KV, `_pt` more are queued, and `h_open` is the target
+    hidden row of the next position whose following token is not known yet. `n_pos` is the number
+    of target positions (from 0) the drafter has seen; a Session keeps one drafter across requests
+    (base 0) and rolls it back with `truncate`, snapshots it with `snapshot`/`restore`."""
     name = "mtp"
 
     def __init__(self, head: MTPHead, max_draft: int = 3, p_min: float = 0.0,
@@ -190,29 +199,121 @@ class MTPDrafter:
         self.sampling = sampling
         self.rng = rng or np.random.default_rng()
         self.cache = head.new_cache()
+        self.reset()
+
+    def reset(self, base: int = 0) -> None:
+        self.cache.base = int(base)
         self.n_true = 0
         self._ph: list[torch.Tensor] = []       # pending target hidden rows
         self._pt: list[int] = []                # and the token that followed each
+        self.h_open: torch.Tensor | None = None  # hidden row waiting for its following token
+        self.h_last: torch.Tensor | None = None  # the newest hidden row of any pair
 
-    def begin(self, base: int, hidden: torch.Tensor | None, next_tokens: Sequence[int],
-              sampling: SamplingParams | None = None, rng: np.random.Generator | None = None) -> None:
-        """New request: the KV starts at position `base`; hidden[i] (position base+i) was followed
-        by next_tokens[i]."""
-        self.cache.base = int(base)
-        self.n_true = 0
-        self._ph, self._pt = [], []
+    @property
+    def n_pos(self) -> int:
+        return self.cache.base + self.n_true + len(self._pt) + (self.h_open is not None)
+
+    def set_sampling(self, sampling: SamplingParams | None = None,
+                     rng: np.random.Generator | None = None) -> None:
         if sampling is not None:
             self.sampling = sampling
         if rng is not None:
             self.rng = rng
-        if hidden is not None and len(next_tokens):
-            self.observe(hidden[: len(next_tokens)], next_tokens)
+
+    def begin(self, base: int, hidden: torch.Tensor | None, next_tokens: Sequence[int],
+              sampling: SamplingParams | None = None, rng: np.random.Generator | None = None) -> None:
+        """New request: the KV starts at position `base`; hidden[i] (position base+i) was followed
+        by next_tokens[i]; a hidden row past the last next token stays open (`follow`)."""
+        self.reset(base)
+        self.set_sampling(sampling, rng)
+        if hidden is not None:
+            self.feed(hidden, [0] + [int(t) for t in next_tokens][: max(0, hidden.shape[0] - 1)])
+
+    def feed(self, hidden: torch.Tensor, tokens: Sequence[int]) -> None:
+        """Target hidden rows of consecutive positions n_pos.. and the tokens AT those positions
+        (a prompt chunk): the open row pairs with tokens[0], row i with tokens[i+1], and the last
+        row stays open."""
+        n = int(hidden.shape[0])
+        if n == 0:
+            return
+        if len(tokens) != n:
+            raise ValueError("feed: one token per hidden row")
+        if self.h_open is not None:
+            self.observe(self.h_open, [int(tokens[0])])
+        if n > 1:
+            self.observe(hidden[: n - 1], [int(t) for t in tokens[1:]])
+        self.h_open = hidden[n - 1:].detach()
+
+    def follow(self, token: int) -> None:
+        """The token after the open row is known (e.g. the first sampled token)."""
+        if self.h_open is not None:
+            h, self.h_open = self.h_open, None
+            self.observe(h, [int(token)])
 
     def observe(self, hidden: torch.Tensor, next_tokens: Sequence[int]) -> None:
         """Queue verified pairs (target hidden at consecutive positions, the token after each)."""
+        if hidden.shape[0] == 0:
+            return
+        self.h_open = None
         self._ph.append(hidden.detach())
         self._pt.extend(int(t) for t in next_tokens)
+        self.h_last = hidden[-1:].detach()
 
+    # ---- rollback / snapshots (a Session's sequence across requests) ------------------------------
+    def truncate(self, n: int) -> bool:
+        """Keep what belongs to the first n target positions: pairs of positions < n-1 and the
+        hidden row of position n-1 open. False (and reset) when that row is no longer known."""
+        n = int(n)
+        if n <= 0:
+            self.reset()
+            return n == 0
+        if self.cache.base != 0:
+            self.reset()
+            return False
+        n_pairs = self.n_true + len(self._pt)
+        if self.h_open is not None and n_pairs == n - 1:
+            return True
+        if self.h_open is None and n_pairs == n and self.h_last is not None:
+            h = self.h_last
+            if self._pt:                          # drop the newest (queued) pair
+                self._pt.pop()
+                last = self._ph[-1]
+                self._ph[-1] = last[:-1]
+                if self._ph[-1].shape[0] == 0:
+                    self._ph.pop()
+            else:                                 # its KV row is overwritten later
+                self.n_true -= 1
+            self.h_open, self.h_last = h, None
+            return True
+        self.reset()
+        return False
+
+    def flush(self) -> None:
+        """Run the queued pairs through the head now (KV only, no logits)."""
+        if self._pt:
+            self.head.forward(torch.cat(self._ph, 0), self._pt, self.cache, self.n_true, logits="none")
+            self.n_true += len(self._pt)
+            self._ph, self._pt = [], []
+
+    def snapshot(self) -> "MTPSnapshot":
+        """Host copy of the KV rows and the open row (queued pairs are processed first)."""
+        self.flush()
+        n = self.n_true
+        ho = None if self.h_open is None else self.h_open.detach().to("cpu", copy=True)
+        hl = None if self.h_last is None else self.h_last.detach().to("cpu", copy=True)
+        return MTPSnapshot(self.cache.base, n, self.cache.k[:n].to("cpu", copy=True),
+                           self.cache.v[:n].to("cpu", copy=True), ho, hl)
+
+    def restore(self, snap: "MTPSnapshot") -> None:
+        self.reset(snap.base)
+        if snap.n:
+            self.cache.write(0, snap.k.to(self.cache.k.device), snap.v.to(self.cache.v.device))
+        self.n_true = snap.n
+        dev = self.head.device
+        self.h_open = None if snap.h_open is None else snap.h_open.to(dev)
+        self.h_last = None if snap.h_last is None else snap.h_last.to(dev)
+
+    # ---- drafting ------------------------------------------------------------------------------
     def _pick(self, logits: torch.Tensor):
         x = logits.detach().float().cpu().numpy().reshape(-1)
         sp = self.sampling
@@ -232,7 +333,7 @@ class MTPDrafter:
             return None
         h = torch.cat(self._ph, 0)
         toks = self._pt
-        logits, hout = self.head.forward(h, toks, self.cache, self.n_true)
+        logits, hout = self.head.forward(h, toks, self.cache, self.n_true, logits="last")
         self.n_true += len(toks)
         self._ph, self._pt = [], []
         out, qs = [], []
@@ -252,3 +353,15 @@ class MTPDrafter:
             return None
         det = all(q is None for q in qs)
         return Draft(out, self.name, match_len=0, q=None if det else qs)
+
+
+class MTPSnapshot:
+    """A drafter's state on the host: n KV rows from position base, and its open/last rows."""
+
+    def __init__(self, base: int, n: int, k: torch.Tensor, v: torch.Tensor,
+                 h_open: torch.Tensor | None, h_last: torch.Tensor | None):
+        self.base, self.n, self.k, self.v, self.h_open, self.h_last = base, n, k, v, h_open, h_last
+
+    def nbytes(self) -> int:
+        t = [self.k, self.v, self.h_open, self.h_last]
+        return sum(x.numel() * x.element_size() for x in t if x is not None)
