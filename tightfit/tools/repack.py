@@ -188,25 +188,53 @@ def _block_chunks(raw: np.ndarray, type_size: int) -> Iterator[np.ndarray]:
         yield np.ascontiguousarray(blocks[i:i + _BLOCKS_PER_CHUNK])
 
 
+def _threads() -> int:
+    """Worker threads for the chunk loops (NumPy releases the GIL in its array kernels):
+    TIGHTFIT_REPACK_THREADS, else min(8, CPUs)."""
+    import os
+    n = os.environ.get("TIGHTFIT_REPACK_THREADS")
+    return max(1, int(n)) if n else max(1, min(8, os.cpu_count() or 1))
+
+
+def _ordered_map(fn: Callable[[np.ndarray], np.ndarray], chunks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+    """fn over chunks on a thread pool, results in input order, at most 2 x threads in flight
+    (bounded memory: a chunk is 65,536 blocks)."""
+    n = _threads()
+    if n == 1:
+        yield from map(fn, chunks)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(n) as ex:
+        window: deque = deque()
+        for c in chunks:
+            window.append(ex.submit(fn, c))
+            if len(window) >= 2 * n:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+
+
 def is_ternary(raw: np.ndarray, src_type: int) -> bool:
     """True if every code of a Q2_0/TQ2_0 tensor is 0, 1 or 2 (no code 3 = +2)."""
     to_codes, _, ts = _SOURCE_CODECS[src_type]
-    return all(int(to_codes(b)[0].max(initial=0)) <= 2 for b in _block_chunks(raw, ts))
+    return all(int(m) <= 2 for m in _ordered_map(lambda b: to_codes(b)[0].max(initial=0),
+                                                 _block_chunks(raw, ts)))
 
 
 def repack_chunks(raw: np.ndarray, src_type: int) -> Iterator[np.ndarray]:
     to_codes, _, ts = _SOURCE_CODECS[src_type]
     t3 = T3_FOR_SOURCE[src_type]
-    for b in _block_chunks(raw, ts):
+
+    def one(b: np.ndarray) -> np.ndarray:
         codes, d = to_codes(b)
-        yield t3_encode(codes, d, t3)
+        return t3_encode(codes, d, t3)
+    yield from _ordered_map(one, _block_chunks(raw, ts))
 
 
 def unpack_chunks(raw: np.ndarray, t3: T3Type, src_type: int) -> Iterator[np.ndarray]:
     _, to_blocks, _ = _SOURCE_CODECS[src_type]
-    for b in _block_chunks(raw, t3.type_size):
-        codes, d = t3_decode(b, t3)
-        yield to_blocks(codes, d)
+    yield from _ordered_map(lambda b: to_blocks(*t3_decode(b, t3)), _block_chunks(raw, t3.type_size))
 
 
 def repacked_nbytes(src_type: int, ne: tuple[int, ...]) -> int:
