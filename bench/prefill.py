@@ -7,7 +7,8 @@ One device call does everything (generation ~15 s, load ~3 s, then checks and ti
 2. correctness at real shapes, each against an outside-the-path reference:
    - gemm_q per seed-mix format at M = 16 / 64 (fused) and 512 (dequant) vs the torch fp32
      decode + fp64 matmul (relative error), with timings (us, TFLOP/s) per path;
-   - chunked GDN (torch) and fla-core (if installed: TIGHTFIT_GDN=fla) vs the token-by-token
+   - chunked GDN (torch, chunk 64 and 128) and fla-core (if installed; the default backend on
+     CUDA then) vs the token-by-token
      recurrence at the 27B head shapes;
    - end to end: a 96-token prompt through the batched path vs the token-by-token graph step on
      the same weights (max |diff| / max |logit|, argmax agreement), then 8 greedy decode steps from
@@ -151,7 +152,8 @@ def check_gdn(res: dict) -> None:
     o0, s0, _ = GC.gdn_recurrent_ref(q.double(), k.double(), v.double(), lg.double(), b.double(),
                                      S0.double())
     r = {}
-    paths = {"torch": lambda: GC.chunk_gdn_torch(q, k, v, lg, b, S0)}
+    paths = {"torch": lambda: GC.chunk_gdn_torch(q, k, v, lg, b, S0),
+             "torch_c128": lambda: GC.chunk_gdn_torch(q, k, v, lg, b, S0, chunk=128)}
     if GC._fla_available():
         paths["fla"] = lambda: GC.chunk_gdn_fla(q, k, v, lg, b, S0)
     for name, fn in paths.items():
@@ -289,7 +291,8 @@ def main() -> int:
     ap.add_argument("--pps", default="512,4096,32768")
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--chunks", default="")
-    ap.add_argument("--gdn", default=None, help="torch or fla (default: TIGHTFIT_GDN or torch)")
+    ap.add_argument("--gdn", default=None, help="torch or fla (default: TIGHTFIT_GDN, else fla-core "
+                    "when it imports, else torch)")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--no-checks", action="store_true")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds for the whole script")
@@ -376,15 +379,20 @@ def main() -> int:
             log(f"chunk {ch}: pp4096 {res['chunk_sweep'][ch]['tok_s']:.0f} tok/s")
         exe.batcher().chunk = args.chunk
         save()
-    if GC._fla_available() and res["gdn_backend"] != "fla" and 4096 in pps \
-            and args.budget - (time.time() - T0) > 40:
-        os.environ["TIGHTFIT_GDN"] = "fla"       # same run, fla-core's chunked GDN kernels
+    res["gdn_fla_failed"] = GC._FLA_STATE.get("failed")      # a fla call fell back to torch
+    if GC._fla_available() and 4096 in pps and args.budget - (time.time() - T0) > 40:
+        other = "torch" if GC.gdn_backend() == "fla" else "fla"
+        prev = os.environ.get("TIGHTFIT_GDN")
+        os.environ["TIGHTFIT_GDN"] = other       # same run, the other GDN backend
         try:
-            res["pp4096_fla"] = time_prefill(exe, st, 4096, rng)
-            log(f"pp4096 with fla-core GDN: {res['pp4096_fla']['tok_s']:.0f} tok/s")
+            res[f"pp4096_gdn_{other}"] = r = time_prefill(exe, st, 4096, rng)
+            log(f"pp4096 with GDN {other}: {r['tok_s']:.0f} tok/s")
         except Exception as e:  # noqa: BLE001
-            res["pp4096_fla"] = f"failed: {type(e).__name__}: {str(e)[:300]}"
-        os.environ["TIGHTFIT_GDN"] = "torch"
+            res[f"pp4096_gdn_{other}"] = f"failed: {type(e).__name__}: {str(e)[:300]}"
+        if prev is None:
+            os.environ.pop("TIGHTFIT_GDN", None)
+        else:
+            os.environ["TIGHTFIT_GDN"] = prev
         save()
     if args.breakdown and args.budget - (time.time() - T0) > 40:
         res["breakdown_pp4096"] = breakdown(exe, st, 4096, rng)

@@ -30,7 +30,9 @@ interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                             reason="CPU tests of the Triton kernels need TRITON_INTERPRET=1")
 
 F16_FIELDS = {8: [0], 20: [0], 10: [80, 82], 11: [108], 12: [0, 2], 13: [0, 2], 14: [208],
-              23: [0], 16: [0], 17: [0], 22: [0], 18: [0], 21: [0]}
+              23: [0], 16: [0], 17: [0], 22: [0], 18: [0], 21: [0],
+              2: [0], 6: [0], 41: [0], 42: [0], 35: [64], 34: [52]}
+ISSUE6 = [2, 6, 41, 42, 35, 34]           # issue 6's list beyond the seed mix (byte-gather decoders)
 SEED_MIX = [23, 13, 14, 12, 11, 8, 10, 17, 22, 21, 18, 20]   # the 12 formats of the seed mix
 
 
@@ -65,8 +67,11 @@ def test_torch_decoders_bit_exact(t):
 
 
 def test_fused_types():
-    """Every format of the 27B mixes (and IQ2_XXS) has a fused tile decoder."""
-    assert set(SEED_MIX) | {16} <= set(FUSED_TYPES)
+    """Every format of the 27B mixes, IQ2_XXS and the rest of issue 6's quantized list has a fused
+    tile decoder (no torch-decoder fallback on the GPU for n_in % 256 == 0) and a torch decoder
+    (no NumPy host fallback on the CPU path)."""
+    assert set(SEED_MIX) | {16} | set(ISSUE6) <= set(FUSED_TYPES)
+    assert set(FUSED_TYPES) <= set(DECODERS)
 
 
 @interp
@@ -119,7 +124,7 @@ def test_dequant_path_chunks(t):
     assert rel(y, gemm_q_ref(x, w, t, n_out, n_in)) < 1.5e-2
 
 
-@pytest.mark.parametrize("t", SEED_MIX)
+@pytest.mark.parametrize("t", SEED_MIX + ISSUE6)
 def test_cpu_fp32_path(t):
     rng = np.random.default_rng(50 + t)
     n_out, n_in, M = 9, 256, 5
@@ -151,6 +156,6 @@ def test_errors():
     with pytest.raises(ValueError):
         gemm_q(x, w, 10, 10, 256, mode="fused")      # Q2_K: 84 bytes per 256, not 136
     with pytest.raises(ValueError):
-        gemm_q(x, torch.zeros(10 * 66, dtype=torch.uint8), 35, 10, 256, mode="fused")  # TQ2_0
+        gemm_q(x, torch.zeros(10 * 160, dtype=torch.uint8), 3, 10, 256, mode="fused")  # Q4_1
     with pytest.raises(ValueError):
         gemm_q(x, w, 23, 10, 256, mode="nope")

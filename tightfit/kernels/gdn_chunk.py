@@ -28,8 +28,9 @@ The causal depthwise conv over the block (`causal_conv`) continues from the stor
 and returns the whole window [K-1+n, C]: the conv state after block token j is rows j+1..j+K-1.
 
 GPU: `chunk_gdn` uses fla-core's chunk_gated_delta_rule (optional run-time dependency, PyPI
-`fla-core`) when TIGHTFIT_GDN=fla and keep=False; otherwise this torch implementation (its
-matmuls run on the GPU as well). `gdn_recurrent_ref` is the slow token-by-token reference.
+`fla-core`, call checked against 0.6.0) by default on CUDA when it imports and keep=False
+(TIGHTFIT_GDN=torch forces this module's path; a failing fla call falls back to it for the rest
+of the process); otherwise this torch implementation (its matmuls run on the GPU as well). `gdn_recurrent_ref` is the slow token-by-token reference.
 """
 from __future__ import annotations
 
@@ -143,22 +144,23 @@ def chunk_gdn_torch(q, k, v, g, beta, S0, chunk: int = DEFAULT_CHUNK, keep: bool
     gc, bc = _chunks(g.to(dt), C), _chunks(beta.to(dt), C)        # g=0 (no decay), beta=0
     N = qc.shape[1]
     G = gc.cumsum(-1)                                             # [H, N, C]
-    diff = G[..., :, None] - G[..., None, :]                      # [.., t, s] = G_t - G_s
+    eG = torch.exp(G)
     ar = torch.arange(C, device=q.device)
     incl = ar[:, None] >= ar[None, :]
-    strict = ar[:, None] > ar[None, :]
     ninf = torch.tensor(float("-inf"), dtype=dt, device=q.device)
-    D_incl = torch.exp(torch.where(incl, diff, ninf))
-    D_strict = torch.exp(torch.where(strict, diff, ninf))
-    A = ((kc * bc[..., None]) @ kc.transpose(-1, -2)) * D_strict  # [H, N, C, C]
-    IA = A + torch.eye(C, dtype=dt, device=q.device)
-    rhs = torch.cat([vc * bc[..., None], kc * (bc * torch.exp(G))[..., None]], dim=-1)
-    sol = torch.linalg.solve_triangular(IA, rhs, upper=False, unitriangular=True)
-    Ub, W = sol[..., :Dv], sol[..., Dv:]
-    P = (qc @ kc.transpose(-1, -2)) * D_incl                      # [H, N, C, C]
-    Qg = qc * torch.exp(G)[..., None]
+    # one exp for both masks: D[t, s] = exp(G_t - G_s) for s <= t, 0 above; the strict part is
+    # D with its unit diagonal ignored (solve_triangular(unitriangular=True) never reads it)
+    D = torch.exp(torch.where(incl, G[..., :, None] - G[..., None, :], ninf))   # [H, N, C, C]
+    A = ((kc * bc[..., None]) @ kc.transpose(-1, -2)) * D         # lower part = the A of the doc
+    rhs = torch.cat([vc * bc[..., None], kc * (bc * eG)[..., None]], dim=-1)
+    sol = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+    Ub = sol[..., :Dv]
+    P = (qc @ kc.transpose(-1, -2)) * D                           # [H, N, C, C]
+    # the two products with the chunk's start state in one: [Q diag(Gamma); W] S
+    QW = torch.cat([qc * eG[..., None], sol[..., Dv:]], dim=-2)   # [H, N, 2C, Dk]
     gl = G[..., -1]                                               # [H, N]
-    Kd = kc * torch.exp(gl[..., None] - G)[..., None]
+    KdT = (kc * torch.exp(gl[..., None] - G)[..., None]).transpose(-1, -2).contiguous()
+    dec = torch.exp(gl)[..., None, None]                          # [H, N, 1, 1]
     S = S0.to(dt)
     O = torch.empty(H, N, C, Dv, dtype=dt, device=q.device)
     U = torch.empty_like(Ub) if keep else None
@@ -166,9 +168,10 @@ def chunk_gdn_torch(q, k, v, g, beta, S0, chunk: int = DEFAULT_CHUNK, keep: bool
     for c in range(N):
         if keep:
             starts.append(S)
-        Uc = Ub[:, c] - W[:, c] @ S
-        O[:, c] = Qg[:, c] @ S + P[:, c] @ Uc
-        S = torch.exp(gl[:, c])[:, None, None] * S + Kd[:, c].transpose(-1, -2) @ Uc
+        QS = QW[:, c] @ S                                         # [H, 2C, Dv]
+        Uc = Ub[:, c] - QS[:, C:]
+        O[:, c] = torch.baddbmm(QS[:, :C], P[:, c], Uc)
+        S = torch.baddbmm(dec[:, c] * S, KdT[:, c], Uc)
         if keep:
             U[:, c] = Uc
     o = O.reshape(H, N * C, Dv)[:, :n].transpose(0, 1)
@@ -176,53 +179,88 @@ def chunk_gdn_torch(q, k, v, g, beta, S0, chunk: int = DEFAULT_CHUNK, keep: bool
     return o, S, kept
 
 
+_FLA_STATE: dict = {"import": None, "failed": None}
+
+
 def _fla_available() -> bool:
-    try:
-        import fla.ops.gated_delta_rule  # noqa: F401
-        return True
-    except Exception:  # noqa: BLE001
-        return False
+    if _FLA_STATE["import"] is None:
+        try:
+            import fla.ops.gated_delta_rule  # noqa: F401
+            _FLA_STATE["import"] = True
+        except Exception:  # noqa: BLE001
+            _FLA_STATE["import"] = False
+    return bool(_FLA_STATE["import"])
 
 
 def _fla_kwargs(fn) -> dict:
-    """Extra keyword arguments for this fla-core version: releases before the [B, T, H, ...]-only
-    API took `head_first` (default True in some); 0.6.0 raises when it is passed at all."""
+    """Keyword arguments for this fla-core version, chosen from its signature. 0.6.0 (the wheel in
+    .whl, read for this): chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
+    output_final_state=False, use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+    allow_neg_eigval=False, state_v_first=False, cu_seqlens=None, ..., **kwargs), and it raises
+    when `head_first` is passed at all. Older releases named `head_first` (default True in some):
+    they get head_first=False. The flags that must be off for our inputs (q/k already L2-normalised
+    and scaled, beta already a sigmoid, state [K, V]) are passed explicitly where named, so a
+    release that flips a default cannot change the math silently."""
     import inspect
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return {}
-    return {"head_first": False} if "head_first" in params else {}
+    out = {"head_first": False} if "head_first" in params else {}
+    for flag in ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "state_v_first",
+                 "transpose_state_layout"):
+        if flag in params:
+            out[flag] = False
+    return out
 
 
 def chunk_gdn_fla(q, k, v, g, beta, S0):
     """fla-core's chunk_gated_delta_rule (GPU only); same contract as chunk_gdn_torch, keep=False.
 
-    fla-core 0.6.0 API: q, k [B, T, H, K], v [B, T, HV, V], g (log-space decay) and beta
-    (post-sigmoid) [B, T, HV], initial_state / final state [N, HV, K, V] (K-first, our [key,
-    value] orientation with state_v_first=False), scale applied to q (ours is already folded into
-    q: scale=1). Its GVA maps V head hv to q/k head hv // (HV / H) (grouped), while qwen35 tiles
-    (hv mod Hk, gdn_inputs): q and k go in already expanded to HV heads, so H == HV here."""
+    fla-core 0.6.0 API (checked against the wheel's source): q, k [B, T, H, K], v [B, T, HV, V],
+    g [B, T, HV] natural-log decay (fla converts to log2 itself; use_gate_in_kernel off by
+    default), beta [B, T, HV] post-sigmoid (use_beta_sigmoid_in_kernel=False), scale multiplies
+    q (ours is already folded into q: scale=1.0; None would mean K^-0.5), no in-kernel L2 norm
+    (ours is done in gdn_inputs with the model's eps), initial_state / final state [N, HV, K, V]
+    fp32 in K-first layout (state_v_first=False), our [key, value] orientation; output o
+    [B, T, HV, V] in q's dtype. Its GVA maps V head hv to q/k head hv // (HV / H) (grouped),
+    while qwen35 tiles (hv mod Hk, gdn_inputs): q and k go in already expanded to HV heads, so
+    H == HV here."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     if q.shape[1] != v.shape[1]:
         raise ValueError("chunk_gdn_fla: q/k must be expanded to the V heads (gdn_inputs)")
     o, st = chunk_gated_delta_rule(
-        q=q[None].contiguous(), k=k[None].contiguous(), v=v[None].contiguous(),
-        g=g[None].contiguous(), beta=beta[None].contiguous(), scale=1.0,
+        q[None].contiguous(), k[None].contiguous(), v[None].contiguous(),
+        g[None].to(torch.float32).contiguous(), beta[None].contiguous(), scale=1.0,
         initial_state=S0[None].to(torch.float32).contiguous(), output_final_state=True,
         **_fla_kwargs(chunk_gated_delta_rule))
     return o[0].to(torch.float32), st[0].to(torch.float32), None
 
 
-def gdn_backend() -> str:
-    """'fla' when TIGHTFIT_GDN=fla and fla-core imports, else 'torch'."""
-    want = os.environ.get("TIGHTFIT_GDN", "torch").strip().lower()
-    return "fla" if want == "fla" and _fla_available() else "torch"
+def gdn_backend(device: str | torch.device = "cuda") -> str:
+    """'fla' or 'torch' for blocks on `device`. TIGHTFIT_GDN=torch forces the torch path;
+    otherwise (unset, 'auto' or 'fla') fla-core is used on CUDA when it imports and has not
+    failed in this process; the CPU always runs the torch path."""
+    want = os.environ.get("TIGHTFIT_GDN", "auto").strip().lower()
+    if want == "torch" or torch.device(device).type != "cuda":
+        return "torch"
+    if _FLA_STATE["failed"] is not None or not _fla_available():
+        return "torch"
+    return "fla"
 
 
 def chunk_gdn(q, k, v, g, beta, S0, chunk: int = DEFAULT_CHUNK, keep: bool = False):
-    if not keep and q.device.type == "cuda" and gdn_backend() == "fla":
-        return chunk_gdn_fla(q, k, v, g, beta, S0)
+    """Chunked gated delta rule: fla-core on CUDA (gdn_backend) unless keep=True (per-position
+    states need this module's KeptStates), else chunk_gdn_torch. A failing fla call (API drift,
+    unsupported shape) is reported once and the process stays on the torch path."""
+    if not keep and gdn_backend(q.device) == "fla":
+        try:
+            return chunk_gdn_fla(q, k, v, g, beta, S0)
+        except Exception as e:  # noqa: BLE001 - fall back, do not fail the prefill
+            import warnings
+            _FLA_STATE["failed"] = f"{type(e).__name__}: {e}"
+            warnings.warn(f"fla-core chunk_gated_delta_rule failed ({_FLA_STATE['failed'][:200]});"
+                          " using the torch chunked path from now on", RuntimeWarning)
     return chunk_gdn_torch(q, k, v, g, beta, S0, chunk=chunk, keep=keep)
 
 

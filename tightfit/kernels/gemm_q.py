@@ -5,8 +5,8 @@ of any matrix is made.
 Two GPU paths (`gemm_q(..., mode=)`):
 
 * `fused` (default for M <= FUSED_MAX_M and the formats with a Triton tile decoder: IQ4_XS,
-  Q4_K, Q5_K, Q6_K, Q3_K, Q8_0, IQ4_NL, Q2_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, with
-  n_in % 256 == 0): one program per (BN rows of W, BM tokens); per 256-element K step it decodes
+  Q4_K, Q5_K, Q6_K, Q3_K, Q8_0, IQ4_NL, Q2_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, and issue
+  6's Q4_0, Q5_0, Q1_0, Q2_0, TQ2_0, TQ1_0 (byte-gather decoders), with n_in % 256 == 0): one program per (BN rows of W, BM tokens); per 256-element K step it decodes
   the [BN, 256] weight tile straight from the GGUF blocks (gemm_q_decode.decode_tile: GEMV v2's
   decoders for the K-quants and Q8_0, element-order kvalues lookup for IQ4_XS/IQ4_NL, small
   device grid tables for the IQ2/IQ3 grids), rounds it to bf16 in registers and accumulates
@@ -23,7 +23,8 @@ per element with scalar 2-byte loads, 64 per thread per K step); its element-ord
 costs ~4 ALU ops per word more than Q4_K's nibble split and no gather, so it takes Q4_K's tile.
 The grid formats build their tile from table words, bytes and sign bits (several [BN, 256] int32
 temporaries besides the fp32 tile): BN = 32 halves their registers per thread (unmeasured choice;
-`config=` overrides, bench/prefill.py reports TFLOP/s per format).
+`config=` overrides, bench/prefill.py reports TFLOP/s per format). The byte-gather formats
+(gemm_q_decode.GATHER_TYPES) take BN = 32 too.
 
 Scratch (the planner's prefill scratch line): `scratch_bytes` (default DEFAULT_SCRATCH = 64 MiB)
 of bf16 per call for the dequant path; chunk_rows = scratch_bytes / (2 n_in). The torch decoders
@@ -44,10 +45,12 @@ import torch
 import triton
 import triton.language as tl
 
-from tightfit.kernels.gemm_q_decode import DECODE_TYPES, TILE_BYTES, decode_tile, grid_tables
+from tightfit.kernels.gemm_q_decode import (DECODE_TYPES, GATHER_TYPES, TILE_BYTES, decode_tile,
+                                            grid_tables)
 from tightfit.kernels.gemm_q_torch import FLOAT_VIEWS, dequant_rows, decode_temp_factor
 
-# IQ4_XS, Q4_K, Q5_K, Q6_K, Q3_K, Q8_0, IQ4_NL, Q2_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S
+# IQ4_XS, Q4_K, Q5_K, Q6_K, Q3_K, Q8_0, IQ4_NL, Q2_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
+# Q4_0, Q5_0, Q1_0, Q2_0, TQ2_0, TQ1_0
 FUSED_TYPES = DECODE_TYPES
 FUSED_MAX_M = int(os.environ.get("TIGHTFIT_GEMM_FUSED_MAX_M", "64"))
 DEFAULT_SCRATCH = 64 << 20
@@ -160,7 +163,7 @@ def _mm_f32(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
 
 def fused_config(qtype: int, m: int) -> dict:
     """Tile of the fused kernel for M = m tokens (module docstring)."""
-    grid = int(qtype) in (16, 17, 18, 21, 22)
+    grid = int(qtype) in (16, 17, 18, 21, 22) or int(qtype) in GATHER_TYPES
     return {"BM": 64 if m > 32 else (32 if m > 16 else 16), "BN": 32 if grid else 64,
             "num_warps": 8}
 

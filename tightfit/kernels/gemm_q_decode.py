@@ -9,6 +9,9 @@ element e of the 256 weights), for every format of the 27B mixes.
   kvalues lookup (gemv2_decode.lut_iq4): codes come out in element order, x loads stay vectors.
 * IQ4_NL (32-element blocks, 18 bytes, 2-aligned): the 8 blocks of a K step, same lookup.
 * Q2_K: crumb planes -> int8 0..3, d*sc per 16, minus dmin*m.
+* Q4_0, Q5_0, Q1_0, Q2_0, TQ2_0, TQ1_0 (issue 6's list beyond the seed mix): `dec_gather`, one
+  byte load per element (L1 broadcast within a block) and the code's bits shifted out; correct
+  and simple rather than fast (none of them is in the seed mix).
 * IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S: grid magnitudes gathered from a small device table (the
   llama.cpp grids as int32 words, `grid_tables`: 1-8 KiB, L1-resident) one word per 4 elements,
   split into bytes; the sign byte of each 8 elements is explicit (IQ2_S, IQ3_S) or the 7-bit
@@ -30,7 +33,10 @@ from tightfit.kernels.gemv2_decode import (M2, M4, dec_q3k, dec_q45k, dec_q6k, d
 GRID_TYPES = {16: "iq2xxs", 17: "iq2xs", 22: "iq2s", 18: "iq3xxs", 21: "iq3s"}
 #: type -> bytes per 256 elements (one K step)
 TILE_BYTES = {23: 136, 12: 144, 13: 176, 14: 210, 11: 110, 8: 34 * 8, 20: 18 * 8, 10: 84,
-              16: 66, 17: 74, 22: 82, 18: 98, 21: 110}
+              16: 66, 17: 74, 22: 82, 18: 98, 21: 110,
+              2: 18 * 8, 6: 22 * 8, 41: 18 * 2, 42: 18 * 4, 35: 66, 34: 54}
+#: the formats decoded by byte gathers (dec_gather): off the seed mix, simple rather than fast
+GATHER_TYPES = frozenset({2, 6, 41, 42, 35, 34})
 DECODE_TYPES = frozenset(TILE_BYTES)
 
 _TABLES: dict = {}
@@ -181,12 +187,69 @@ def dec_grid(w, blk, m, tg, FMT: tl.constexpr):
 
 
 @triton.jit
+def _pow3(k):
+    """3^k for k in 0..4 (TQ1_0 trit extraction)."""
+    return tl.where(k == 0, 1, tl.where(k == 1, 3, tl.where(k == 2, 9, tl.where(k == 3, 27, 81))))
+
+
+@triton.jit
+def dec_gather(w, blk, m, FMT: tl.constexpr):
+    """Q4_0 2, Q5_0 6, Q1_0 41, Q2_0 42, TQ2_0 35, TQ1_0 34 -> fp32 [R, 256] (spec §2, in the
+    NumPy decoders' float order: d * (code - offset), Q1_0 +-d)."""
+    R: tl.constexpr = blk.shape[0]
+    e = tl.arange(0, 256)[None, :]
+    if FMT == 2 or FMT == 6:                      # 8 blocks of 32, half-split nibbles
+        BB: tl.constexpr = 18 if FMT == 2 else 22
+        QS: tl.constexpr = 2 if FMT == 2 else 6
+        i = e % 32
+        base = w + (blk * 8 + e // 32) * BB
+        q = (tl.load(base + QS + i % 16, mask=m, other=0).to(tl.int32) >> (4 * (i // 16))) & 15
+        if FMT == 6:
+            hb = (tl.load(base + 2 + i // 8, mask=m, other=0).to(tl.int32) >> (i % 8)) & 1
+            q = (q | (hb << 4)) - 16
+        else:
+            q = q - 8
+        d = ldf16(w + (blk * 8 + tl.arange(0, 8)[None, :]) * BB, m)              # [R, 8]
+        W = d[:, :, None] * tl.reshape(q.to(tl.float32), (R, 8, 32))
+    elif FMT == 41:                               # 2 blocks of 128: one bit per element
+        i = e % 128
+        b = tl.load(w + (blk * 2 + e // 128) * 18 + 2 + i // 8, mask=m, other=0).to(tl.int32)
+        bit = tl.reshape((b >> (i % 8)) & 1, (R, 2, 128))
+        d = ldf16(w + (blk * 2 + tl.arange(0, 2)[None, :]) * 18, m)[:, :, None]  # [R, 2, 1]
+        W = tl.where(bit != 0, d, -d)
+    elif FMT == 42:                               # 4 blocks of 64: consecutive crumbs
+        i = e % 64
+        b = tl.load(w + (blk * 4 + e // 64) * 18 + 2 + i // 4, mask=m, other=0).to(tl.int32)
+        c = ((b >> (2 * (i % 4))) & 3) - 1
+        d = ldf16(w + (blk * 4 + tl.arange(0, 4)[None, :]) * 18, m)              # [R, 4]
+        W = d[:, :, None] * tl.reshape(c.to(tl.float32), (R, 4, 64))
+    elif FMT == 35:                               # TQ2_0: crumb planes per 128, d at 64
+        i = e % 128
+        b = tl.load(w + blk * 66 + 32 * (e // 128) + i % 32, mask=m, other=0).to(tl.int32)
+        c = ((b >> (2 * (i // 32))) & 3) - 1
+        W = ldf16(w + blk * 66 + 64, m) * c.to(tl.float32)
+    else:                                         # TQ1_0: base-3 trits, d at 52
+        hi = e >= 240
+        mid = e >= 160
+        ee = tl.where(hi, e - 240, tl.where(mid, e - 160, e))
+        SP = tl.where(hi, 4, tl.where(mid, 16, 32))                        # bytes per stage
+        byte = tl.where(hi, 48, tl.where(mid, 32, 0)) + ee % SP
+        k = ee // SP
+        b = tl.load(w + blk * 54 + byte, mask=m, other=0).to(tl.int32)
+        t = (((b * _pow3(k)) & 255) * 3) >> 8
+        W = ldf16(w + blk * 54 + 52, m) * (t - 1).to(tl.float32)
+    return tl.reshape(W, (R, 256))
+
+
+@triton.jit
 def decode_tile(w_ptr, blk, m, tg, FMT: tl.constexpr, EMU: tl.constexpr):
     """[R, 256] fp32 weights of the K step `blk` ([R, 1] int64: row * n_steps + step), element
     order (see the module docstring)."""
     R: tl.constexpr = blk.shape[0]
     if FMT == 10:
         W = dec_q2k(w_ptr, blk, m)
+    elif FMT == 2 or FMT == 6 or FMT == 41 or FMT == 42 or FMT == 35 or FMT == 34:
+        W = dec_gather(w_ptr, blk, m, FMT)
     elif FMT == 16 or FMT == 17 or FMT == 22 or FMT == 18 or FMT == 21:
         W = dec_grid(w_ptr, blk, m, tg, FMT)
     else:

@@ -225,12 +225,51 @@ def _iq3_s(b):
     return (db[:, :, None, None] * g * sg).reshape(n, 256)
 
 
+def _q4_0(b):
+    return _f16(b, 0) * (_half_split(b[:, 2:18]).to(F32) - 8.0)
+
+
+def _q5_0(b):
+    hb = (b[:, 2:6, None] >> _shifts(list(range(8)), b.device)) & 1          # bit e of the u32
+    q = _half_split(b[:, 6:22]) | (hb.reshape(b.shape[0], 32) << 4)
+    return _f16(b, 0) * (q.to(F32) - 16.0)
+
+
+def _q1_0(b):
+    bits = (b[:, 2:18, None] >> _shifts(list(range(8)), b.device)) & 1
+    d = _f16(b, 0)
+    return torch.where(bits.reshape(b.shape[0], 128).bool(), d, -d)
+
+
+def _q2_0(b):
+    c = (b[:, 2:18, None] >> _shifts([0, 2, 4, 6], b.device)) & 3           # consecutive crumbs
+    return _f16(b, 0) * (c.reshape(b.shape[0], 64).to(F32) - 1.0)
+
+
+def _tq2_0(b):
+    return _f16(b, 64) * (_crumbs(b[:, 0:64]).to(F32) - 1.0)
+
+
+def _trits(q: torch.Tensor, n_trits: int) -> torch.Tensor:
+    """(n, m) bytes -> (n, n_trits * m): trit k of byte j at k * m + j (spec §2, TQ1_0)."""
+    p = torch.tensor([3 ** k for k in range(n_trits)], dtype=torch.int32, device=q.device)
+    v = (q.to(torch.int32)[:, None, :] * p[None, :, None]) & 255
+    return ((v * 3) >> 8).reshape(q.shape[0], -1)
+
+
+def _tq1_0(b):
+    t = torch.cat([_trits(b[:, 0:32], 5), _trits(b[:, 32:48], 5), _trits(b[:, 48:52], 4)], dim=1)
+    return _f16(b, 52) * (t.to(F32) - 1.0)
+
+
 #: type id -> (decoder, elements per block, bytes per block)
 DECODERS = {8: (_q8_0, 32, 34), 20: (_iq4_nl, 32, 18), 10: (_q2_k, 256, 84),
             11: (_q3_k, 256, 110), 12: (_q4_k, 256, 144), 13: (_q5_k, 256, 176),
             14: (_q6_k, 256, 210), 23: (_iq4_xs, 256, 136), 16: (_iq2_xxs, 256, 66),
             17: (_iq2_xs, 256, 74), 22: (_iq2_s, 256, 82), 18: (_iq3_xxs, 256, 98),
-            21: (_iq3_s, 256, 110)}
+            21: (_iq3_s, 256, 110), 2: (_q4_0, 32, 18), 6: (_q5_0, 32, 22),
+            41: (_q1_0, 128, 18), 42: (_q2_0, 64, 18), 35: (_tq2_0, 256, 66),
+            34: (_tq1_0, 256, 54)}
 FLOAT_VIEWS = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
 
 
