@@ -11,7 +11,7 @@ The two paths quantize x differently, so a matrix's *activation layout* names bo
 int8 format of x it needs:
 - v1 layouts are gemv_kernel.ACT_LAYOUT's small integers (0 natural, 1 IQ4 order, ...), buffers
   q int8 [1, k], d fp32 [1, k/32], s16 int32 [1, k/16] (quantize_act);
-- small-path layouts are SMALL_BASE + 10 * (scale group 16) + decode order: 100 (Q4_K, Q5_K:
+- small-path layouts are SMALL_BASE + 10 * (scale group 16) + decode order: 100 (Q4_K, Q5_K, Q8_0:
   groups of 32), 102 (IQ4_XS: groups of 32, lookup order 2), 110 (Q6_K: groups of 16); buffers q
   int8 [1, k], xs fp32 [1, k/S], xsum fp32 [1, k/32] and a 1-byte placeholder b (gemv2_act).
 Matrices with the same input buffer and layout share one quantized copy of x (the executor quantizes
@@ -31,7 +31,10 @@ from tightfit.kernels.gemv2_layout import GROUP
 from tightfit.kernels.gemv2_small import pick_config_small
 from tightfit.kernels.quantize_act import QuantAct, quantize_act
 
-SMALL_TYPES = frozenset({23, 12, 13, 14})      # IQ4_XS, Q4_K, Q5_K, Q6_K (raw blocks)
+# IQ4_XS, Q4_K, Q5_K, Q6_K, Q8_0 (raw blocks). Q8_0 is here for the 96 tiny GDN gate matrices
+# (ssm_alpha / ssm_beta, 5120 -> 48): v1 runs them on ~6 programs at ~20 us each (step profile,
+# 2.5 ms per token for v1's 117 calls); the small path splits K over 8 programs
+SMALL_TYPES = frozenset({23, 12, 13, 14, 8})
 SMALL_BASE = 100
 
 

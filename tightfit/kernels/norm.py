@@ -52,9 +52,13 @@ def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, ep
     """x [rows, n] fp32 (updated in place when delta is given), w [n] fp32 -> out [rows, n]."""
     n = x.shape[-1]
     rows = x.numel() // n
-    BLOCK = min(2048, triton.next_power_of_2(n))
+    # a 5120-wide row in ONE tile (8 warps, 32 floats per thread): each pass is one round trip
+    # to memory instead of three (the H200 step profile measured 5.9 us per call with 2048-wide
+    # tiles, 129 calls per token)
+    BLOCK = min(8192, triton.next_power_of_2(n))
     _add_rmsnorm_kernel[(rows,)](x, delta if delta is not None else x, w, out, n, float(eps),
-                                 HAS_DELTA=delta is not None, BLOCK=BLOCK, num_warps=4)
+                                 HAS_DELTA=delta is not None, BLOCK=BLOCK,
+                                 num_warps=8 if BLOCK >= 4096 else 4)
     return out
 
 
