@@ -13,11 +13,15 @@ share of a split plan costs about host_bytes / (all-thread GB/s) per token.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from tightfit.kernels import cpu_gemv as G
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tightfit.kernels import cpu_gemv as G  # noqa: E402
 
 # name: (type id, elements per block, bytes per block, byte offsets of the fp16 scale fields)
 FORMATS = {
@@ -74,7 +78,8 @@ def main() -> None:
     bw = host_read_bw(a.bw_gb)
     print(f"cpu_gemv: M={a.rows} K={a.k} batch={a.batch}; host read bw (numpy sum, "
           f"{a.bw_gb:g} GB) {bw:.1f} GB/s")
-    print(f"{'format':20s} {'MB':>8s} {'1 thread':>9s} {f'{nt} thr':>9s} {'of bw':>7s}   GB/s")
+    print(f"{'format':20s} {'MB':>8s} {'1 thread':>9s} {f'{nt} thr':>9s} {'of bw':>7s} {'scaling':>8s}"
+          "   GB/s (scaling = all threads / 1 thread: near 1 on many cores = contention)")
     for name in a.formats.split(","):
         qt, bs, ts, offs = FORMATS[name]
         rows = a.rows if "fallback" not in name else min(a.rows, 2048)
@@ -83,7 +88,8 @@ def main() -> None:
         one = gbps(w, qt, x, max(3, a.reps // 2))
         G.set_threads(nt)
         alln = gbps(w, qt, x, a.reps)
-        print(f"{name:20s} {w.nbytes / 1e6:8.1f} {one:9.2f} {alln:9.2f} {alln / bw:7.0%}")
+        print(f"{name:20s} {w.nbytes / 1e6:8.1f} {one:9.2f} {alln:9.2f} {alln / bw:7.0%} "
+              f"{alln / one:7.1f}x")
         del w
     # one embedding row of the 27B's Q3_K token_embd (E = 5120)
     w = random_blocks(rng, 4096, a.k, 256, 110, [108])

@@ -103,6 +103,9 @@ def one(args: argparse.Namespace) -> dict:
         r["error"] = str(e)
         return r
     r["host_bw"] = bw = host_read_bw()
+    import numba
+    r.update(numba_threads=numba.get_num_threads(), numba_layer=numba.threading_layer(),
+             cpus=len(os.sched_getaffinity(0)))
     drop_page_cache(args.path)
     mf = open_model(args.path)
     torch.cuda.reset_peak_memory_stats()

@@ -193,7 +193,26 @@ def _grids() -> dict[int, tuple[np.ndarray, np.ndarray]]:
 
 
 _GRIDS = _grids()
+_IQ = _K.iq_tables(_GRIDS, _KV4)
 _tls = threading.local()
+
+
+#: per-thread scratch rows start on their own 128-byte boundary (two 64-byte lines: the adjacent-
+#: line prefetcher pairs them). The kernels read and write their thread's row at every 256-element
+#: block; rows packed back to back put 16 threads' accumulators (4 bytes each at B = 1) in ONE
+#: cache line, which then ping-pongs between the cores once per block: ~70 ns a block on a
+#: 16-core host, i.e. the whole host GEMV serialized at ~2 GB/s whatever the thread count.
+LINE = 128
+
+
+def per_thread(n: int, width: int, dtype) -> np.ndarray:
+    """Zeroed (n, >= width) C-contiguous array of `dtype` whose rows each start on a LINE-byte
+    boundary and are a whole number of LINEs long (no two threads' rows share a cache line)."""
+    item = np.dtype(dtype).itemsize
+    row = -(-max(int(width), 1) * item // LINE) * LINE
+    raw = np.zeros(n * row + LINE, np.uint8)
+    off = (-raw.ctypes.data) % LINE
+    return raw[off:off + n * row].view(dtype).reshape(n, row // item)
 
 
 class _Scratch:
@@ -201,11 +220,18 @@ class _Scratch:
         self.xq = np.zeros((B, K), np.int8)
         self.xd = np.zeros((B, K // 256), np.float32)
         self.xs = np.zeros((B, K // 16), np.int32)
-        self.buf = np.zeros((_POOL, 256), np.int16)
-        self.mins = np.zeros((_POOL, 16), np.int16)
-        self.fbuf = np.zeros((_POOL, 256), np.float32)
-        self.dsc = np.zeros((_POOL, 8), np.float32)
-        self.acc = np.zeros((_POOL, B), np.float32)
+        # per-thread rows (T = pool size), each on its own cache lines; the kernels index
+        # only [:256], [:16], [:8], [:B] of them
+        self.buf = per_thread(_POOL, 256, np.int16)
+        self.mins = per_thread(_POOL, 16, np.int16)
+        self.fbuf = per_thread(_POOL, 256, np.float32)
+        self.dsc = per_thread(_POOL, 8, np.float32)
+        self.acc = per_thread(_POOL, B, np.float32)
+        self.b64 = per_thread(_POOL, 32, np.uint64)    # gemv_iq codes (also viewed as int8)
+        self.b8 = self.b64.view(np.int8)
+        self.sc64 = per_thread(_POOL, 64, np.uint64)   # gemv_iq scales (also viewed as int16)
+        self.sc = self.sc64.view(np.int16)
+        self.xqp = np.zeros((B, K), np.int8)           # IQ4_XS-permuted activations
 
 
 def _scratch(B: int, K: int) -> _Scratch:
@@ -279,13 +305,13 @@ def gemv(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = None
         if numba.get_num_threads() != _threads:
             numba.set_num_threads(_threads)
         s = _scratch(B, K)
-        if qtype in _K.F32_TYPES:
-            _K.gemv_f32(qtype, w, x2, y2, _F16, _KV4_16, s.fbuf, s.dsc, s.acc)
-        else:
-            _K.quantize_act(x2, s.xq, s.xd, s.xs)
-            grid, sgn = _GRIDS.get(qtype, _NOGRID)
-            _K.gemv_int(qtype, w, s.xq, s.xd, s.xs, y2, _F16, _KV4_16, grid, sgn, s.buf, s.mins,
-                        s.acc)
+        # dynamic row chunks (~8 per thread): a thread slowed by anything else on its core no
+        # longer holds up the whole call as with numba's static equal split
+        prev = _chunksize(max(16, M // (8 * _threads)))
+        try:
+            _run(qtype, w, x2, y2, s)
+        finally:
+            _chunksize(prev)
     elif qtype == F32:
         y2[:] = x2 @ w.view(np.float32).T
     else:
@@ -293,6 +319,27 @@ def gemv(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = None
             blk = _dequant_rows(w[r0:r0 + fallback_rows], qtype)
             y2[:, r0:r0 + blk.shape[0]] = x2 @ blk.T
     return y2[0] if vec else y2
+
+
+def _chunksize(n: int) -> int:
+    f = getattr(numba, "set_parallel_chunksize", None)
+    return int(f(n)) if f is not None else 0
+
+
+def _run(qtype: int, w: np.ndarray, x2: np.ndarray, y2: np.ndarray, s: _Scratch) -> None:
+    """The native kernel for qtype (INT_TYPES or F32_TYPES): y2 = x2 . W^T."""
+    if qtype in _K.F32_TYPES:
+        _K.gemv_f32(qtype, w, x2, y2, _F16, _KV4_16, s.fbuf, s.dsc, s.acc)
+    else:
+        _K.quantize_act(x2, s.xq, s.xd, s.xs)
+        if qtype in _K.IQ_TYPES:
+            g64, m64, p16 = _IQ[qtype]
+            xq = _K.permute_iq4(s.xq, s.xqp) if qtype == IQ4_XS else s.xq
+            _K.gemv_iq(qtype, w, xq, s.xd, y2, _F16, g64, m64, p16, s.b8, s.b64, s.sc, s.sc64, s.acc)
+            return
+        grid, sgn = _GRIDS.get(qtype, _NOGRID)
+        _K.gemv_int(qtype, w, s.xq, s.xd, s.xs, y2, _F16, _KV4_16, grid, sgn, s.buf, s.mins,
+                    s.acc)
 
 
 def decode_rows(w: np.ndarray, qtype: int, rows) -> np.ndarray:

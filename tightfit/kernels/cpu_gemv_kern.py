@@ -409,3 +409,176 @@ def quantize_act(x, xq, xd, xs):
                 for t in range(16):
                     acc += np.int32(xq[b, 256 * ib + 16 * s + t])
                 xs[b, 16 * ib + s] = acc
+
+
+# ---- IQ types: table decode into int8 codes + per-element int16 scales ------------------------
+# The grid/sign decoders above gather one int16 per element (two 2-D table reads), which LLVM
+# leaves scalar: 0.3-1 GB/s. Here each block is decoded 8 codes at a time with 64-bit words:
+#   * IQ2_XS/IQ2_S/IQ3_XXS/IQ3_S: the grid row (8 bytes, or two 4-byte rows for IQ3) is one
+#     uint64 load from `g64`; the signs are one uint64 byte mask from `m64` (0xFF = negative), and
+#     (g ^ m) + (m & 0x01..01) negates the masked bytes. Grid bytes are never 0, so no byte
+#     carries into the next one (checked when the tables are built).
+#   * IQ4_XS: one uint16 load per weight byte from `p16` = (kv[lo], kv[hi]) as two int8; the
+#     activations are permuted once per call so that code pair t of a 32-group meets
+#     (x[t], x[16 + t]) (`permute_iq4`).
+# The sub-block scales go to `sc` (256 int16, filled by short broadcast loops) and the dot
+# sum_t int16(code[t]) * sc[t] * xq[t] is one long vectorizable int32 reduction.
+_LOW = np.uint64(0x0101010101010101)
+IQ_TYPES = (IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS)
+
+
+def iq_tables(grids: dict, kv: np.ndarray) -> dict:
+    """Per type (g64, m64, p16) for gemv_iq. grids: type -> (grid (n, 8|4) uint8 magnitudes,
+    sign rows (128|256, 8) int16 +-1), as cpu_gemv builds them; kv the 16 IQ4 values."""
+    out = {}
+    for qt, (grid, sgn) in grids.items():
+        g = np.ascontiguousarray(grid, dtype=np.uint8)
+        if (g == 0).any():
+            raise ValueError("an IQ grid byte is 0: the sign trick needs nonzero magnitudes")
+        g64 = np.zeros(len(g), np.uint64)
+        for i in range(g.shape[1]):
+            g64 |= g[:, i].astype(np.uint64) << np.uint64(8 * i)
+        neg = (np.asarray(sgn) < 0).astype(np.uint64) * np.uint64(0xFF)
+        m64 = np.zeros(len(neg), np.uint64)
+        for i in range(8):
+            m64 |= neg[:, i] << np.uint64(8 * i)
+        out[qt] = (g64, m64, np.zeros(1, np.uint64))
+    b = np.arange(256)
+    kv8 = np.asarray(kv, dtype=np.int64).astype(np.int8).view(np.uint8).astype(np.uint64)
+    p16 = kv8[b & 15] | (kv8[b >> 4] << np.uint64(8))
+    out[IQ4_XS] = (np.zeros(1, np.uint64), np.zeros(1, np.uint64), p16.astype(np.uint64))
+    return out
+
+
+def permute_iq4(xq: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out[:, 32g + 2t + h] = xq[:, 32g + 16h + t]: the code order of gemv_iq's IQ4_XS decode."""
+    B, K = xq.shape
+    out.reshape(B, K // 32, 16, 2)[:] = xq.reshape(B, K // 32, 2, 16).transpose(0, 1, 3, 2)
+    return out
+
+
+@njit(inline="always")
+def _u16(w, o):
+    return np.int32(w[o]) | (np.int32(w[o + 1]) << 8)
+
+
+@njit(inline="always")
+def _neg(g, m):
+    return (g ^ m) + (m & _LOW)
+
+
+@njit(inline="always")
+def _fill(sc, o, n, v):
+    """sc (int16 scales viewed as uint64, 4 per word): words o..o+n/4 = four copies of v. Four
+    scales per store: element-wise int16 fill loops stay scalar and cost most of the decode."""
+    x = np.uint64(np.int64(v) & 0xFFFF) * np.uint64(0x0001000100010001)
+    for t in range(n // 4):
+        sc[o // 4 + t] = x
+
+
+@njit(inline="always")
+def _iqdec_iq2_xs(w, b64, sc, g64, m64, p16):
+    for j in range(8):
+        sb = np.int16(w[66 + j])
+        _fill(sc, 32 * j, 16, np.int16(2 * (sb & 15) + 1))
+        _fill(sc, 32 * j + 16, 16, np.int16(2 * (sb >> 4) + 1))
+        for l in range(4):
+            q = _u16(w, 2 + 8 * j + 2 * l)
+            b64[4 * j + l] = _neg(g64[q & 511], m64[q >> 9])
+    return np.float32(0.125)
+
+
+@njit(inline="always")
+def _iqdec_iq2_s(w, b64, sc, g64, m64, p16):
+    for j in range(8):
+        sb = np.int16(w[74 + j])
+        _fill(sc, 32 * j, 16, np.int16(2 * (sb & 15) + 1))
+        _fill(sc, 32 * j + 16, 16, np.int16(2 * (sb >> 4) + 1))
+        qh = np.int32(w[66 + j])
+        for l in range(4):
+            gi = np.int32(w[2 + 4 * j + l]) | (((qh >> (2 * l)) & 3) << 8)
+            b64[4 * j + l] = _neg(g64[gi], m64[w[34 + 4 * j + l]])
+    return np.float32(0.125)
+
+
+@njit(inline="always")
+def _iqdec_iq3_xxs(w, b64, sc, g64, m64, p16):
+    for j in range(8):
+        a = (np.uint32(w[66 + 4 * j]) | (np.uint32(w[67 + 4 * j]) << 8)
+             | (np.uint32(w[68 + 4 * j]) << 16) | (np.uint32(w[69 + 4 * j]) << 24))
+        _fill(sc, 32 * j, 32, np.int16(2 * (a >> 28) + 1))
+        for l in range(4):
+            g = g64[w[2 + 8 * j + 2 * l]] | (g64[w[3 + 8 * j + 2 * l]] << np.uint64(32))
+            b64[4 * j + l] = _neg(g, m64[(a >> (7 * l)) & 127])
+    return np.float32(0.25)
+
+
+@njit(inline="always")
+def _iqdec_iq3_s(w, b64, sc, g64, m64, p16):
+    for j in range(8):
+        _fill(sc, 32 * j, 32, np.int16(1 + 2 * ((np.int32(w[106 + j // 2]) >> (4 * (j % 2))) & 15)))
+        qh = np.int32(w[66 + j])
+        for l in range(4):
+            g1 = np.int32(w[2 + 8 * j + 2 * l]) | (((qh >> (2 * l)) & 1) << 8)
+            g2 = np.int32(w[3 + 8 * j + 2 * l]) | (((qh >> (2 * l + 1)) & 1) << 8)
+            g = g64[g1] | (g64[g2] << np.uint64(32))
+            b64[4 * j + l] = _neg(g, m64[w[74 + 4 * j + l]])
+    return np.float32(1.0)
+
+
+@njit(inline="always")
+def _iqdec_iq4_xs(w, b64, sc, g64, m64, p16):
+    sh = np.int32(w[2]) | (np.int32(w[3]) << 8)
+    for j in range(8):
+        ls = ((np.int32(w[4 + j // 2]) >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)
+        _fill(sc, 32 * j, 32, np.int16(ls - 32))
+        for l in range(4):
+            o = 8 + 16 * j + 4 * l
+            b64[4 * j + l] = (p16[w[o]] | (p16[w[o + 1]] << np.uint64(16))
+                              | (p16[w[o + 2]] << np.uint64(32)) | (p16[w[o + 3]] << np.uint64(48)))
+    return np.float32(1.0)
+
+
+@njit(inline="always")
+def _iqdec(qt, w, b64, sc, g64, m64, p16):
+    if qt == IQ2_XS:
+        return _iqdec_iq2_xs(w, b64, sc, g64, m64, p16)
+    if qt == IQ2_S:
+        return _iqdec_iq2_s(w, b64, sc, g64, m64, p16)
+    if qt == IQ3_XXS:
+        return _iqdec_iq3_xxs(w, b64, sc, g64, m64, p16)
+    if qt == IQ3_S:
+        return _iqdec_iq3_s(w, b64, sc, g64, m64, p16)
+    return _iqdec_iq4_xs(w, b64, sc, g64, m64, p16)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def gemv_iq(qt, w, xq, xd, y, tab, g64, m64, p16, sb8, sb64, ssc, ssc64, sacc):
+    """y[b, r] for the IQ types above. sb8 (T, 256) int8 and sb64 (T, 32) uint64 are two views
+    of the same per-thread code buffer; ssc (T, 256) int16 and ssc64 (T, 64) uint64 two views of
+    the per-element scales; sacc (T, B) fp32."""
+    M = w.shape[0]
+    B = xq.shape[0]
+    nb = xq.shape[1] // 256
+    ts = w.shape[1] // nb
+    for r in prange(M):
+        tid = numba.get_thread_id()
+        b8 = sb8[tid]
+        b64 = sb64[tid]
+        sc = ssc[tid]
+        sc64 = ssc64[tid]
+        acc = sacc[tid]
+        for b in range(B):
+            acc[b] = 0.0
+        wr = w[r]
+        for ib in range(nb):
+            blk = wr[ib * ts:ib * ts + ts]
+            f = _iqdec(qt, blk, b64, sc64, g64, m64, p16) * _f16(blk, 0, tab)
+            for b in range(B):
+                isum = np.int32(0)
+                for t in range(256):
+                    isum = np.int32(isum + np.int32(np.int16(b8[t]) * sc[t])
+                                    * np.int32(xq[b, 256 * ib + t]))
+                acc[b] += xd[b, ib] * (f * np.float32(isum))
+        for b in range(B):
+            y[b, r] = acc[b]
