@@ -6,8 +6,8 @@ device arena, the host rows read in place from the read-only mmap.
    offset) and that it leaves no tensor the executor reads excluded;
 2. runs `check_exact_cover` (every row in exactly one place) -- before anything is allocated, so a
    bad placement is refused before the first token;
-3. allocates `Arena(plan, device)` (the only device allocation of the weights, the KV cache and
-   the recurrent state) and `upload`s every GPU segment straight from the mmap through the pinned
+3. allocates `Arena(plan, device)` (the only device allocation of the weights, the KV cache in
+   the plan's format, the recurrent state and the executor's step buffers) and `upload`s every GPU segment straight from the mmap through the pinned
    staging ring (page cache released behind it; rich progress bar);
 4. maps the file read-only once more for the host rows: `HostRows` per split matrix (its suffix
    rows, zero-copy, computed by tightfit.kernels.cpu_gemv) and the host embedding table (one row
@@ -227,14 +227,15 @@ class Placed:
         return self.placement.host_bytes
 
     # -- state
-    def new_state(self, config: Any, max_ctx: int) -> GPUState:
-        """The arena's KV/recurrent regions as a GPUState; while that state is alive a second one
-        is allocated outside the arena (beyond the plan; counted in `extra_states`)."""
+    def new_state(self, config: Any, max_ctx: int, kv_type: str | None = None) -> GPUState:
+        """The arena's KV/recurrent regions as a GPUState (KV cache in the plan's format:
+        fp16 or the quantized `kv_type`); while that state is alive a second one is allocated
+        outside the arena (beyond the plan; counted in `extra_states`)."""
         old = self._state_ref() if self._state_ref is not None else None
         if old is not None:
             self.extra_states += 1
-            return GPUState(config, max_ctx, device=self.device)
-        st = ArenaState(config, max_ctx, self.arena)
+            return GPUState(config, max_ctx, device=self.device, kv_type=kv_type)
+        st = ArenaState(config, max_ctx, self.arena, kv_type)
         self._state_ref = weakref.ref(st)
         return st
 
@@ -247,25 +248,41 @@ class Placed:
 
 
 class ArenaState(GPUState):
-    """GPUState over the arena: k, v from region kv_cache; conv then ssm (both banks) from the
-    span starting at recurrent_state.bank0; the status word at the start of workspace."""
+    """GPUState over the arena: k, v from region kv_cache (fp16 [n_attn, max_ctx, Hkv, D], or
+    for a quantized `kv_type` byte caches [n_attn, max_ctx, Hkv, row_bytes] of K's and V's
+    formats, K's first); conv then ssm (both banks) from the span starting at
+    recurrent_state.bank0; the status word at the start of workspace (plan/buffers.py puts
+    `status` first)."""
 
-    def __init__(self, config: Any, max_ctx: int, arena: Arena):   # noqa: D107 - no super(): it allocates
+    def __init__(self, config: Any, max_ctx: int, arena: Arena,   # noqa: D107 - no super(): it allocates
+                 kv_type: str | None = None):
+        from tightfit.runtime.state import quant_kv_type
         c = config
         self.config = config
+        self.kv_type = quant_kv_type(kv_type, c)
         self.max_ctx = int(max_ctx)
         self.device = arena.device
         self.rec_slot = {il: i for i, il in enumerate(c.recurrent_ids)}
         self.attn_slot = {il: i for i, il in enumerate(c.attention_ids)}
         n_attn, n_rec = max(len(self.attn_slot), 1), max(len(self.rec_slot), 1)
         kv = arena.region("kv_cache")
-        n_kv = n_attn * self.max_ctx * c.n_head_kv * c.head_dim
-        if 2 * n_kv * 2 > kv.numel():
+        if self.kv_type:
+            from tightfit.kvquant.formats import get_format, split_kv_type
+            self.kv_dtype = torch.uint8
+            rows = [get_format(f).row_bytes(c.head_dim) for f in split_kv_type(self.kv_type)]
+        else:
+            rows = [2 * c.head_dim, 2 * c.head_dim]
+        n_k, n_v = (n_attn * self.max_ctx * c.n_head_kv * r for r in rows)
+        if n_k + n_v > kv.numel():
             raise UserError(f"max_ctx {max_ctx} exceeds the plan's KV cache "
-                            f"({arena.plan.options.ctx} tokens)")
-        kvh = kv[:4 * n_kv].view(torch.float16)
-        shape = (n_attn, self.max_ctx, c.n_head_kv, c.head_dim)
-        self.k, self.v = kvh[:n_kv].view(shape), kvh[n_kv:].view(shape)
+                            f"({arena.plan.options.ctx} tokens of {arena.plan.options.kv_type})")
+        if self.kv_type:
+            self.k = kv[:n_k].view(n_attn, self.max_ctx, c.n_head_kv, rows[0])
+            self.v = kv[n_k:n_k + n_v].view(n_attn, self.max_ctx, c.n_head_kv, rows[1])
+        else:
+            kvh = kv[:n_k + n_v].view(torch.float16)
+            shape = (n_attn, self.max_ctx, c.n_head_kv, c.head_dim)
+            self.k, self.v = kvh[:n_k // 2].view(shape), kvh[n_k // 2:].view(shape)
         off, _ = arena.regions["recurrent_state.bank0"]
         off1, n1 = arena.regions["recurrent_state.bank1"]
         n_conv = 2 * n_rec * (c.ssm_conv_kernel - 1) * c.conv_dim
