@@ -205,3 +205,19 @@ def test_small_split_bound_covers_every_shape():
             for nb in (1, 2, 3, 20, 24, 68):
                 cfg = pick_config_small(t, 1, n_out, nb)
                 assert cfg["SPLIT"] * n_out <= split_bound(1) or cfg["SPLIT"] == 1
+
+
+def test_small_path_other_tile_order():
+    """The small path's tiles have two physical dim orders (gemv2_small._rows_first: Triton 3.6 on
+    the device takes [R, KB, fields, words], later versions [fields, R, KB, words]); this process
+    imported one of them, so the edge cases run again in a child with the other order forced."""
+    import subprocess
+    import sys
+    from tightfit.kernels import gemv2_small
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               TIGHTFIT_GEMV_RF="0" if gemv2_small._rows_first() else "1")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        __file__, "-k", "test_gemv2_small_edges"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "passed" in r.stdout

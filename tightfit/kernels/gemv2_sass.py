@@ -44,10 +44,11 @@ def _bin(tool: str) -> str:
 ALIGNED_INTS = ("n_out", "P0", "P1", "P2", "P3")
 
 
-def compile_sass(fn, sig: dict, const: dict, num_warps: int, num_stages: int = 3):
+def compile_sass(fn, sig: dict, const: dict, num_warps: int, num_stages: int = 3,
+                 extra: dict | None = None):
     """(sass text, n_regs or None, shared bytes) of `fn` compiled for sm_90a, with the
     specialization a launch gives: 16-byte aligned pointers (torch allocations) and the
-    16-divisible integers of ALIGNED_INTS."""
+    16-divisible integers of ALIGNED_INTS. extra: more compile options (e.g. maxnreg)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     s = dict(sig)
@@ -57,7 +58,7 @@ def compile_sass(fn, sig: dict, const: dict, num_warps: int, num_stages: int = 3
              if v.startswith("*") or k in ALIGNED_INTS}
     src = ASTSource(fn, s, constexprs=dict(const), attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=num_warps, num_stages=num_stages))
+                       options=dict(num_warps=num_warps, num_stages=num_stages, **(extra or {})))
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(k.asm["cubin"])
         path = f.name
@@ -130,8 +131,8 @@ def small_case(qtype: int, n: int, n_out: int = 17408, nb: int = 20, planar: boo
     from tightfit.kernels.gemv2_small import gemv2s_kernel, pick_config_small, SIG
     cfg = pick_config_small(qtype, n, n_out, nb)
     const = dict(FMT=qtype, PLANAR=planar, NC=n, R=cfg["R"], KB=cfg["KB"],
-                 SPLIT=cfg["SPLIT"], EMU=False)
-    return gemv2s_kernel, SIG, const, cfg["num_warps"], cfg["R"] * cfg["KB"] * 256
+                 SPLIT=cfg["SPLIT"], EMU=False, U=cfg.get("U", 1))
+    return gemv2s_kernel, SIG, const, cfg["num_warps"], cfg["R"] * cfg["KB"] * 256 * const["U"]
 
 
 def table(types=(23, 12, 13, 14, 11, 8), ns=(1, 2, 8), planar=False, which=("tc", "small")):

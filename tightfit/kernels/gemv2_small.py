@@ -40,6 +40,88 @@ M30 = tl.constexpr(0x30303030)
 MF0 = tl.constexpr(i32(0xF0F0F0F0))
 
 
+def _rows_first() -> bool:
+    """Triton's coalescing pass orders the dims of a load by contiguity; the tie between the
+    non-contiguous dims (fields, rows, blocks) is broken by ascending dim index in Triton <= 3.6
+    (the device's) and by descending index in later versions (3.9 here). Lanes go to the first
+    dims of that order, and they must cover (row, block), never the fields: with the fields
+    first, Triton 3.6 put lanes on them (each thread 4 rows x 2 blocks of one field, 31
+    shared-memory ops in the loop, 164 registers for Q5_K). Hence the physical dim order of the
+    tiles: [R, KB, fields..., words] on Triton < 3.7, [fields..., R, KB, words] after.
+    TIGHTFIT_GEMV_RF=0/1 forces it (tests run both orders under the interpreter)."""
+    import os
+    env = os.environ.get("TIGHTFIT_GEMV_RF")
+    if env in ("0", "1"):
+        return env == "1"
+    try:
+        major, minor = (int(v) for v in triton.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) < (3, 7)
+
+
+RF = tl.constexpr(_rows_first())
+
+
+@triton.jit
+def _x5(v, D: tl.constexpr):
+    """1-D v along logical dim D (0, 1: fields, 4: words) of a logical [F0, F1, R, KB, W] tile
+    (physical [R, KB, F0, F1, W] when RF)."""
+    if D == 4:
+        return v[None, None, None, None, :]
+    elif RF:
+        if D == 0:
+            return v[None, None, :, None, None]
+        else:
+            return v[None, None, None, :, None]
+    else:
+        if D == 0:
+            return v[:, None, None, None, None]
+        else:
+            return v[None, :, None, None, None]
+
+
+@triton.jit
+def _b5(b):
+    """[R, KB] (or [1, KB]) -> its place in a logical [F0, F1, R, KB, W] tile."""
+    if RF:
+        return b[:, :, None, None, None]
+    else:
+        return b[None, None, :, :, None]
+
+
+@triton.jit
+def _x4(v, D: tl.constexpr):
+    """1-D v along logical field dim D (0, 1) of a logical [F0, F1, R, KB] tile."""
+    if RF:
+        if D == 0:
+            return v[None, None, :, None]
+        else:
+            return v[None, None, None, :]
+    else:
+        if D == 0:
+            return v[:, None, None, None]
+        else:
+            return v[None, :, None, None]
+
+
+@triton.jit
+def _b4(b):
+    """[R, KB] (or [1, KB]) -> its place in a logical [F0, F1, R, KB] tile."""
+    if RF:
+        return b[:, :, None, None]
+    else:
+        return b[None, None, :, :]
+
+
+@triton.jit
+def _z4(F0: tl.constexpr, F1: tl.constexpr, R: tl.constexpr, KB: tl.constexpr):
+    if RF:
+        return tl.zeros([R, KB, F0, F1], tl.float32)
+    else:
+        return tl.zeros([F0, F1, R, KB], tl.float32)
+
+
 @triton.jit
 def dp4a_us(a, b, c, EMU: tl.constexpr):
     """c + sum_k ubyte(a, k) * sbyte(b, k) (PTX dp4a.u32.s32)."""
@@ -137,10 +219,10 @@ def body_q45k(w, blk, ok, kbc, q32, xs_ptr, xsum_ptr, KW, P0, P1, P2, P3, Q5: tl
     """[4 chunks c, 2 halves h, R, KB, 4 words]: chunk c holds group 2c (low nibbles) and 2c+1
     (high nibbles); half h its elements 16h..16h+15."""
     BB: tl.constexpr = 176 if Q5 else 144
-    c5 = tl.arange(0, 4)[:, None, None, None, None]
-    h5 = tl.arange(0, 2)[None, :, None, None, None]
-    w5 = tl.arange(0, 4)[None, None, None, None, :]
-    b5 = blk[None, None, :, :, None]
+    c5 = _x5(tl.arange(0, 4), 0)
+    h5 = _x5(tl.arange(0, 2), 1)
+    w5 = _x5(tl.arange(0, 4), 4)
+    b5 = _b5(blk)
     wi = 4 * h5 + w5
     qs = _ld(fbase(w, P0, 48 if Q5 else 16, PLANAR) + b5 * (128 if PLANAR else BB), 8 * c5 + wi,
              True)
@@ -157,14 +239,14 @@ def body_q45k(w, blk, ok, kbc, q32, xs_ptr, xsum_ptr, KW, P0, P1, P2, P3, Q5: tl
         DDB = fbase(w, P2, 0, PLANAR) + blk * (4 if PLANAR else BB)
     # 6-bit scales/mins, SWAR: bytes of S0/S1 & 63 for sub-blocks 0-3, of S2 nibbles | S0/S1
     # top bits for 4-7; chunk c takes bytes 2(c&1), 2(c&1)+1 of the word of its half
-    S0 = _ld(SCB, 0, True)[None, None, :, :]
-    S1 = _ld(SCB, 1, True)[None, None, :, :]
-    S2 = _ld(SCB, 2, True)[None, None, :, :]
+    S0 = _b4(_ld(SCB, 0, True))
+    S1 = _b4(_ld(SCB, 1, True))
+    S2 = _b4(_ld(SCB, 2, True))
     dd = _ld(DDB, 0, True)
-    d = tl.where(ok, lo_f16(dd), 0.0)[None, None, :, :]
-    dmin = tl.where(ok, lo_f16(dd >> 16), 0.0)[None, None, :, :]
-    c4 = tl.arange(0, 4)[:, None, None, None]
-    h4 = tl.arange(0, 2)[None, :, None, None]
+    d = _b4(tl.where(ok, lo_f16(dd), 0.0))
+    dmin = _b4(tl.where(ok, lo_f16(dd >> 16), 0.0))
+    c4 = _x4(tl.arange(0, 4), 0)
+    h4 = _x4(tl.arange(0, 2), 1)
     SC = tl.where(c4 < 2, S0 & M3F, (S2 & M4) | ((S0 >> 2) & M30))       # [4, 1, R, KB]
     MN = tl.where(c4 < 2, S1 & M3F, ((S2 >> 4) & M4) | ((S1 >> 2) & M30))
     k4 = 2 * (c4 & 1)
@@ -173,8 +255,8 @@ def body_q45k(w, blk, ok, kbc, q32, xs_ptr, xsum_ptr, KW, P0, P1, P2, P3, Q5: tl
     if not Q5:
         ws1 = ws1 * 0.0625                                   # hi carries 16 x the nibble
     wm = dmin * _byte(MN, k4 + h4)                           # [4, 2, R, KB]: group 2c + h
-    kb4 = kbc[None, None, :, :]
-    p0 = tl.zeros([4, 2, blk.shape[0], blk.shape[1]], tl.float32)
+    kb4 = _b4(kbc)
+    p0 = _z4(4, 2, blk.shape[0], blk.shape[1])
     p1 = p0
     for n in tl.static_range(NC):
         xb = q32 + n * KW + (kb4 * 64 + 16 * c4)[:, :, :, :, None] + wi
@@ -198,23 +280,23 @@ def body_iq4xs(w, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, P2, PLANAR: tl.constexp
     """[8 sub-blocks g, 2 pairs p, R, KB, 2 words j] (raw blocks are 136 bytes: 8-byte vectors);
     word i = 2p + j of sub-block g -> activation words 8g+i, 8g+4+i (decode order PERM 2)."""
     BB: tl.constexpr = 136
-    g5 = tl.arange(0, 8)[:, None, None, None, None]
-    p5 = tl.arange(0, 2)[None, :, None, None, None]
-    j5 = tl.arange(0, 2)[None, None, None, None, :]
+    g5 = _x5(tl.arange(0, 8), 0)
+    p5 = _x5(tl.arange(0, 2), 1)
+    j5 = _x5(tl.arange(0, 2), 4)
     i5 = 2 * p5 + j5
-    qs = _ld(fbase(w, P0, 8, PLANAR) + blk[None, None, :, :, None] * (128 if PLANAR else BB),
+    qs = _ld(fbase(w, P0, 8, PLANAR) + _b5(blk) * (128 if PLANAR else BB),
              4 * g5 + i5, True)
     r0, r1 = lut_iq4_fast(qs, EMU)
-    sl = _ld(fbase(w, P1, 4, PLANAR) + blk * (4 if PLANAR else BB), 0, True)[None, None, :, :]
+    sl = _b4(_ld(fbase(w, P1, 4, PLANAR) + blk * (4 if PLANAR else BB), 0, True))
     dsh = _ld(fbase(w, P2, 0, PLANAR) + blk * (4 if PLANAR else BB), 0, True)
-    d = tl.where(ok, lo_f16(dsh), 0.0)[None, None, :, :]
-    g4 = tl.arange(0, 8)[:, None, None, None]
-    ls = ((sl >> (4 * g4)) & 15) | ((((dsh[None, None, :, :] >> 16) >> (2 * g4)) & 3) << 4)
+    d = _b4(tl.where(ok, lo_f16(dsh), 0.0))
+    g4 = _x4(tl.arange(0, 8), 0)
+    ls = ((sl >> (4 * g4)) & 15) | ((((_b4(dsh) >> 16) >> (2 * g4)) & 3) << 4)
     ws = d * (ls - 32).to(tl.float32)                            # [8, 1, R, KB]
-    kb4 = kbc[None, None, :, :]
+    kb4 = _b4(kbc)
     r0a, r0b = tl.split(r0)
     r1a, r1b = tl.split(r1)
-    p0 = tl.zeros([8, 2, blk.shape[0], blk.shape[1]], tl.float32)
+    p0 = _z4(8, 2, blk.shape[0], blk.shape[1])
     p1 = p0
     for n in tl.static_range(NC):
         xb = q32 + n * KW + (kb4 * 64 + 8 * g4)[:, :, :, :, None] + i5
@@ -236,28 +318,28 @@ def body_q6k(w, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, P2, P3, PLANAR: tl.conste
     """[4 (half h, gl), 2 sixteens f, R, KB, 4 words]: ql word 16h+8gl+4f+w holds groups gl
     (low nibbles) and gl+2 (high) of half h."""
     BB: tl.constexpr = 210
-    t5 = tl.arange(0, 4)[:, None, None, None, None]           # 2h + gl
-    f5 = tl.arange(0, 2)[None, :, None, None, None]
-    w5 = tl.arange(0, 4)[None, None, None, None, :]
+    t5 = _x5(tl.arange(0, 4), 0)           # 2h + gl
+    f5 = _x5(tl.arange(0, 2), 1)
+    w5 = _x5(tl.arange(0, 4), 4)
     h5 = t5 // 2
     l5 = t5 % 2
-    b5 = blk[None, None, :, :, None]
+    b5 = _b5(blk)
     ql = _ld(fbase(w, P0, 0, PLANAR) + b5 * (128 if PLANAR else BB), 8 * t5 + 4 * f5 + w5,
              PLANAR)
     qh = _ld(fbase(w, P1, 128, PLANAR) + b5 * (64 if PLANAR else BB), 8 * h5 + 4 * f5 + w5,
              PLANAR)
     qa = _signed((ql & M4) | (((qh >> (2 * l5)) & M2) << 4), C20)
     qb = _signed(((ql >> 4) & M4) | (((qh >> (2 * l5 + 4)) & M2) << 4), C20)
-    t4 = tl.arange(0, 4)[:, None, None, None]
-    f4 = tl.arange(0, 2)[None, :, None, None]
+    t4 = _x4(tl.arange(0, 4), 0)
+    f4 = _x4(tl.arange(0, 2), 1)
     sa = 8 * (t4 // 2) + 2 * (t4 % 2) + f4                    # scale of group gl, sixteen f
-    b4 = blk[None, None, :, :]
+    b4 = _b4(blk)
     scp = (fbase(w, P2, 192, PLANAR) + b4 * (16 if PLANAR else BB)).to(tl.pointer_type(tl.int8))
-    d = tl.where(ok, _f16(fbase(w, P3, 208, PLANAR) + blk * (2 if PLANAR else BB)),
-                 0.0)[None, None, :, :]
+    d = _b4(tl.where(ok, _f16(fbase(w, P3, 208, PLANAR) + blk * (2 if PLANAR else BB)),
+                     0.0))
     wa = d * tl.load(scp + sa).to(tl.float32)
     wb = d * tl.load(scp + sa + 4).to(tl.float32)
-    kb4 = kbc[None, None, :, :]
+    kb4 = _b4(kbc)
     p0 = tl.zeros(wa.shape, tl.float32)
     p1 = p0
     for n in tl.static_range(NC):
@@ -280,22 +362,22 @@ def body_q3k(w, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, P2, P3, PLANAR: tl.conste
     """[2 halves h, 2 sixteens f, R, KB, 4 words]: qs word 8h+4f+w holds the 4 groups g of half
     h as crumbs; hm word 4f+w their high bits (bit 4h+g)."""
     BB: tl.constexpr = 110
-    h5 = tl.arange(0, 2)[:, None, None, None, None]
-    f5 = tl.arange(0, 2)[None, :, None, None, None]
-    w5 = tl.arange(0, 4)[None, None, None, None, :]
-    b5 = blk[None, None, :, :, None]
+    h5 = _x5(tl.arange(0, 2), 0)
+    f5 = _x5(tl.arange(0, 2), 1)
+    w5 = _x5(tl.arange(0, 4), 4)
+    b5 = _b5(blk)
     qs = _ld(fbase(w, P0, 32, PLANAR) + b5 * (64 if PLANAR else BB), 8 * h5 + 4 * f5 + w5,
              PLANAR)
     hm = _ld(fbase(w, P1, 0, PLANAR) + b5 * (32 if PLANAR else BB), 4 * f5 + w5 + 0 * h5,
              PLANAR)
-    h4 = tl.arange(0, 2)[:, None, None, None]
-    f4 = tl.arange(0, 2)[None, :, None, None]
-    b4 = blk[None, None, :, :]
+    h4 = _x4(tl.arange(0, 2), 0)
+    f4 = _x4(tl.arange(0, 2), 1)
+    b4 = _b4(blk)
     SCB = fbase(w, P2, 96, PLANAR) + b4 * (12 if PLANAR else BB)
-    d = tl.where(ok, _f16(fbase(w, P3, 108, PLANAR) + blk * (2 if PLANAR else BB)),
-                 0.0)[None, None, :, :]
-    kb4 = kbc[None, None, :, :]
-    p0 = tl.zeros([2, 2, blk.shape[0], blk.shape[1]], tl.float32)
+    d = _b4(tl.where(ok, _f16(fbase(w, P3, 108, PLANAR) + blk * (2 if PLANAR else BB)),
+                     0.0))
+    kb4 = _b4(kbc)
+    p0 = _z4(2, 2, blk.shape[0], blk.shape[1])
     p1 = p0
     for g in tl.static_range(4):
         q = _signed(((qs >> (2 * g)) & M2) | (((hm >> (4 * h5 + g)) & M1) << 2), C04)
@@ -319,24 +401,27 @@ def body_q3k(w, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, P2, P3, PLANAR: tl.conste
 def body_q8_0(w, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, PLANAR: tl.constexpr,
               NC: tl.constexpr, EMU: tl.constexpr):
     """[8 blocks j, 2 sixteens f, R, KB, 4 words] of the 256-element macro-block."""
-    j5 = tl.arange(0, 8)[:, None, None, None, None]
-    f5 = tl.arange(0, 2)[None, :, None, None, None]
-    w5 = tl.arange(0, 4)[None, None, None, None, :]
-    b5 = blk[None, None, :, :, None]
-    j4 = tl.arange(0, 8)[:, None, None, None]
-    b4 = blk[None, None, :, :]
+    j5 = _x5(tl.arange(0, 8), 0)
+    f5 = _x5(tl.arange(0, 2), 1)
+    w5 = _x5(tl.arange(0, 4), 4)
+    b5 = _b5(blk)
+    j4 = _x4(tl.arange(0, 8), 0)
+    b4 = _b4(blk)
     if PLANAR:
         q = _ld(w + P0.to(tl.int64) * 4 + b5 * 256, 8 * j5 + 4 * f5 + w5, True)
         d = _f16(w + P1.to(tl.int64) * 4 + (b4 * 8 + j4) * 2)
     else:   # 34-byte blocks: qs only 2-aligned
         q = _ld(w + 2 + (b5 * 8 + j5) * 34, 4 * f5 + w5, False)
         d = _f16(w + (b4 * 8 + j4) * 34)
-    d = tl.where(ok[None, None, :, :], d, 0.0)
-    kb4 = kbc[None, None, :, :]
-    p0 = tl.zeros([8, 2, blk.shape[0], blk.shape[1]], tl.float32)
+    d = tl.where(_b4(ok), d, 0.0)
+    kb4 = _b4(kbc)
+    p0 = _z4(8, 2, blk.shape[0], blk.shape[1])
     p1 = p0
     for n in tl.static_range(NC):
-        x = tl.load(q32 + n * KW + (kb4 * 64)[:, :, :, :, None] + 8 * j5 + 4 * f5 + w5)
+        # full-shape pointers: a [1, KB, ...] load got a lane-spread layout of its own and a
+        # shared-memory conversion in the loop (Triton 3.6)
+        x = tl.load(tl.broadcast_to(q32 + n * KW + (kb4 * 64)[:, :, :, :, None] + 8 * j5
+                                    + 4 * f5 + w5, q.shape))
         p = _chain4(q, x, None, False, EMU).to(tl.float32) * (
             d * tl.load(xs_ptr + (kb4 * 8 + j4) * NC + n))
         if n == 0:
@@ -358,11 +443,11 @@ def gemv2s_kernel(w_ptr, q_ptr, xs_ptr, xsum_ptr, out_ptr, N, n_out, NB, P0, P1,
     KW = NB * 64                                # int32 words per activation row
     q32 = q_ptr.to(tl.pointer_type(tl.int32))
     if FMT == 11:
-        acc0 = tl.zeros([2, 2, R, KB], tl.float32)
+        acc0 = _z4(2, 2, R, KB)
     elif FMT == 8 or FMT == 23:
-        acc0 = tl.zeros([8, 2, R, KB], tl.float32)
+        acc0 = _z4(8, 2, R, KB)
     else:
-        acc0 = tl.zeros([4, 2, R, KB], tl.float32)
+        acc0 = _z4(4, 2, R, KB)
     acc1 = acc0
     # U chunks of KB blocks per iteration, unrolled into one basic block: their loads are
     # independent, so ptxas can issue all of them before the first dp4a (more bytes in flight
@@ -402,8 +487,11 @@ def gemv2s_kernel(w_ptr, q_ptr, xs_ptr, xsum_ptr, out_ptr, N, n_out, NB, P0, P1,
 
 @triton.jit
 def _rows(acc, FMT: tl.constexpr):
-    """Sum an accumulator [fields..., R, KB] over everything but its row dim."""
-    return tl.sum(tl.sum(tl.sum(acc, axis=0), axis=0), axis=1)
+    """Sum an accumulator (logical [fields..., R, KB]) over everything but its row dim."""
+    if RF:
+        return tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
+    else:
+        return tl.sum(tl.sum(tl.sum(acc, axis=0), axis=0), axis=1)
 
 
 def pick_config_small(qtype: int, n: int, n_out: int, nb: int) -> dict:
@@ -420,9 +508,13 @@ def pick_config_small(qtype: int, n: int, n_out: int, nb: int) -> dict:
     if qtype in (23, 14) and split == 1 and tiles < 528 and chunks >= 4:
         # measured on the H200 (bench/RESULTS.md, session 2 call 2), raw blocks, 5120->17408:
         # IQ4_XS 29.4 -> 26.7 us and Q6_K 56.2 -> 46.9 us with two K-halves of two chunks each
-        # (U=2, SPLIT=2); Q4_K / Q5_K gain nothing, and the 5120-row shapes (already split) lose
-        split, u = 2, 2
-    return {"R": R, "KB": KB, "SPLIT": split, "num_warps": warps, "U": u}
+        # (U=2, SPLIT=2); Q4_K / Q5_K gain nothing, and the 5120-row shapes (already split) lose.
+        # That was with Triton 3.6's lanes-on-fields layout (3 blocks/SM); with the tiles'
+        # rows-first order U=2 doubles the registers (IQ4_XS 96 -> 136, Q6_K 51 -> 102 at N=1,
+        # gemv_regs), so keep the split, one chunk per iteration (to be re-timed on the device)
+        split = 2
+    # maxnreg: optional register cap passed to the compile (None: ptxas decides)
+    return {"R": R, "KB": KB, "SPLIT": split, "num_warps": warps, "U": u, "maxnreg": None}
 
 
 def gemv2_small_prepared(act, w, qtype: int, n_out: int, planar: bool, out, config: dict,
@@ -449,9 +541,11 @@ def gemv2_small_prepared(act, w, qtype: int, n_out: int, planar: bool, out, conf
         dst = torch.empty((split, n, n_out), dtype=torch.float32, device=w.device)
     P = field_args(qtype, w.numel(), planar)
     grid = (triton.cdiv(n_out, cfg["R"]), split)
+    extra = {"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") and not interpret else {}
     gemv2s_kernel[grid](w, act.q, act.xs, act.xsum, dst, n, n_out, nb, P[0], P[1], P[2], P[3],
                         FMT=qtype, PLANAR=bool(planar), NC=n, R=cfg["R"], KB=cfg["KB"],
-                        SPLIT=split, EMU=interpret, U=cfg["U"], num_warps=cfg["num_warps"])
+                        SPLIT=split, EMU=interpret, U=cfg["U"], num_warps=cfg["num_warps"],
+                        **extra)
     if split > 1:
         total = n * n_out
         _reduce_kernel[(triton.cdiv(total, 1024),)](dst, out, total, SPLIT=split, BLOCK=1024)
