@@ -5,9 +5,13 @@ chunks) at awkward positions; prompts of 1, 31, 32, 33 tokens; a model covering 
 partial acceptance of a verify block without re-running."""
 from __future__ import annotations
 
-import numpy as np
-import pytest
-import torch
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")   # the GEMV route test runs the kernels interpreted
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from tightfit.api import open_model
 from tightfit.model.generate import make_model
@@ -35,8 +39,9 @@ def cover(tmp_path_factory):
 
 def _exe(mf, prefill_chunk=16, gdn_chunk=8, **kw):
     from tightfit.model.executor import GPUModel
-    exe = GPUModel.from_model_file(mf, device="cpu", n_ctx=128, use_triton=False,
-                                   prefill_chunk=prefill_chunk, **kw)
+    kw.setdefault("use_triton", False)
+    exe = GPUModel.from_model_file(mf, device="cpu", n_ctx=128, prefill_chunk=prefill_chunk,
+                                   **kw)
     exe.batcher().gdn_chunk = gdn_chunk
     return exe
 
@@ -271,3 +276,169 @@ def test_forward_block_commit_equals_short_forward(tiny_block_runs):
         assert s1.pos == s2.pos == 5 + j
         for x, y in zip(n1.conv + n1.ssm, n2.conv + n2.ssm):
             assert _rel(x, y) < 1e-6, j
+
+
+# ---- row-split matrices in prefill: host rows streamed through the ring (issue 8 item 4) --------
+def _split_matrix(qtype=12, n_out=45, n_in=512, seed=5):
+    """Random raw blocks of a quantized matrix (valid fp16 scales) as [n_out, row_bytes] uint8."""
+    from tightfit.quant.traits import traits
+    tr = traits(qtype)
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(n_out * n_in // tr.block_size, tr.type_size), dtype=np.uint8)
+    f16 = {12: [0, 2], 8: [0]}[qtype]
+    for off in f16:
+        raw[:, off:off + 2] = rng.uniform(0.001, 0.01, raw.shape[0]).astype(np.float16) \
+            .view(np.uint8).reshape(-1, 2)
+    return raw.reshape(n_out, -1)
+
+
+def _fake_split_batch(w, qtype, n_in, row_start, min_m):
+    """A BatchForward over one matrix whose rows [row_start:] are HostRows-like (host numpy)."""
+    from types import SimpleNamespace
+    from tightfit.model.batch import BatchForward
+    from tightfit.quant.dequant import dequantize
+    L = SimpleNamespace(raw=torch.from_numpy(w[:row_start].reshape(-1).copy()), qtype=qtype,
+                        n_out=row_start, n_in=n_in, kind="quant")
+    host = w[row_start:]
+    H = SimpleNamespace(w=host, qtype=qtype, row_start=row_start, row_end=w.shape[0],
+                        n_rows=w.shape[0] - row_start, n_in=n_in,
+                        gemv=lambda x, out=None: (x.astype(np.float64) @ dequantize(
+                            host.reshape(-1), qtype, (host.shape[0], n_in)).T.astype(np.float64)
+                        ).astype(np.float32))     # stands in for cpu_gemv (slow first build)
+    bf = BatchForward.__new__(BatchForward)
+    bf.m = SimpleNamespace(lin={"m": L} if row_start else {}, hostw={"m": H})
+    bf.scratch_bytes = 64 << 20
+    bf.ring = None
+    bf.ring_min_m = min_m
+    return bf
+
+
+@pytest.mark.parametrize("row_start", [0, 7, 32])
+def test_ring_streams_host_rows(row_start):
+    """M >= ring_min_m: the host suffix goes through the two ring slots in pieces (slot of 5 rows:
+    several pieces, the last one partial) and is multiplied like the device rows; equal to the
+    whole matrix through gemm_q (fp32 CPU path) to 1e-6."""
+    from tightfit.kernels.gemm_q import gemm_q
+    from tightfit.model.batch import HostRowRing, ring_line
+    qt, n_out, n_in, M = 12, 45, 512, 6
+    w = _split_matrix(qt, n_out, n_in)
+    x = torch.from_numpy(np.random.default_rng(1).standard_normal((M, n_in)).astype(np.float32))
+    bf = _fake_split_batch(w, qt, n_in, row_start, min_m=4)
+    bf.ring = HostRowRing(torch.device("cpu"), slot_bytes=5 * w.shape[1] + 3)
+    y = bf.lin(x, "m")
+    want = gemm_q(x, torch.from_numpy(w.reshape(-1).copy()), qt, n_out, n_in)
+    assert y.shape == (M, n_out)
+    _close(y, want, 1e-6)
+    host_rows = n_out - row_start
+    assert bf.ring.pieces == -(-host_rows // 5) and bf.ring.bytes == host_rows * w.shape[1]
+    assert ring_line(1 << 20) == {"ring_device": 2 << 20, "ring_pinned_host": 2 << 20}
+    with pytest.raises(ValueError):
+        HostRowRing(torch.device("cpu"), slot_bytes=10).rows_per_piece(w.shape[1])
+
+
+def test_split_small_block_uses_cpu_rows():
+    """M < ring_min_m: the host rows are computed on the CPU (HostRows.gemv), the device prefix by
+    gemm_q, concatenated in row order."""
+    from tightfit.kernels.gemm_q import gemm_q_ref
+    qt, n_out, n_in, M = 12, 20, 512, 3
+    w = _split_matrix(qt, n_out, n_in, seed=9)
+    x = np.random.default_rng(2).standard_normal((M, n_in)).astype(np.float32)
+    bf = _fake_split_batch(w, qt, n_in, 8, min_m=32)
+    y = bf.lin(torch.from_numpy(x), "m")
+    assert bf.ring is None and y.shape == (M, n_out)
+    _close(y, torch.from_numpy(gemm_q_ref(x, w, qt, n_out, n_in)), 1e-5)
+
+
+def test_prefill_chunk_from_plan():
+    """Without an explicit chunk, a placed model's batch chunk is the plan's priced prefill chunk."""
+    from types import SimpleNamespace
+    from tightfit.model.batch import BatchForward, DEFAULT_PREFILL_CHUNK
+    info = SimpleNamespace(numpy_shape=(4, 8), raw=lambda: np.zeros(4 * 32, np.uint8), qtype=0)
+    cfg = SimpleNamespace()
+    plan = SimpleNamespace(options=SimpleNamespace(prefill_chunk=384))
+    m = SimpleNamespace(config=cfg, _embd_info=info, placed=SimpleNamespace(plan=plan))
+    assert BatchForward(m).chunk == 384
+    assert BatchForward(m, chunk=100).chunk == 100
+    m.placed = None
+    assert BatchForward(m).chunk == DEFAULT_PREFILL_CHUNK
+
+
+@pytest.mark.slow      # interpreted GEMV over a whole small model: > 15 min on a 2-core CPU
+@pytest.mark.parametrize("qtype", ["IQ4_XS"])
+def test_small_block_matrices_through_gemv(tmp_path, monkeypatch, qtype):
+    """Blocks of M <= 16 tokens send every matrix to the GEMV dispatcher (N = M columns: v2 for
+    IQ4_XS / Q4_K at M >= 3, v1 for Q6_K), run interpreted here (gemv_on_cpu). The verify block's
+    logits match the ReferenceModel (int8 activations: ~1 % relative error) and the gemm_q route
+    of the same executor; a partial commit then continues like the reference."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1")
+    from tightfit.kernels import gemv as gm
+    import tightfit.model.batch as B
+    p = tmp_path / f"small-{qtype}.gguf"
+    make_model(p, preset="small", qtype=qtype, layers=4, seed=11)
+    mf = open_model(p)
+    try:
+        ref = ReferenceModel.from_model_file(mf)
+        exe = _exe(mf, use_triton=True)
+        bf = exe.batcher()
+        rng = np.random.default_rng(5)
+        prompt = rng.integers(0, mf.config.n_vocab, 6).tolist()
+        block = rng.integers(0, mf.config.n_vocab, 5).tolist()
+        rs, gs = ref.new_state(128), exe.new_state(128)
+        exe.forward(prompt, gs, logits="none")            # gemv_on_cpu still off: gemm_q
+        ref.forward(prompt, rs, logits="none")
+        snap, gsnap = rs.snapshot(), gs.snapshot()
+        blk_q = exe.forward_block(block, gs)               # gemm_q route (CPU default)
+        gs.restore(gsnap)
+        calls, gemm = [], []
+        real_gemv, real_gemm = gm.gemv, B.gemm_q
+        monkeypatch.setattr(gm, "gemv", lambda x, *a, **k: calls.append(x.shape[0])
+                            or real_gemv(x, *a, **k))
+        monkeypatch.setattr(B, "gemm_q", lambda *a, **k: gemm.append(1) or real_gemm(*a, **k))
+        bf.gemv_on_cpu = True
+        blk = exe.forward_block(block, gs)
+        quant = sum(1 for L in exe.lin.values() if L.kind in ("quant", "float"))
+        assert gs.pos == 6 and not gemm and calls and set(calls) == {5}
+        assert len(calls) == quant                         # every matrix once (incl. the head)
+        want = np.asarray(ref.forward(block, rs, logits="all"), np.float64)
+        got = np.asarray(blk.logits.detach().cpu(), np.float64)
+        rel = np.abs(got - want).max() / np.abs(want).max()
+        assert np.isfinite(got).all() and rel < 0.05, rel
+        relq = np.abs(got - np.asarray(blk_q.logits.detach().cpu(), np.float64)).max() \
+            / np.abs(want).max()
+        assert relq < 0.05, relq
+        assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.6
+        rs.restore(snap)
+        ref.forward(block[:2], rs, logits="none")
+        blk.commit(2)
+        assert gs.pos == rs.pos == 8
+        a = np.asarray(exe.forward([7, 8, 9], gs, logits="all").detach().cpu(), np.float64)
+        b = np.asarray(ref.forward([7, 8, 9], rs, logits="all"), np.float64)
+        assert np.abs(a - b).max() / np.abs(b).max() < 0.05
+        # above the bound: gemm_q again
+        calls.clear()
+        bf.gemv_max_m = 2
+        exe.forward_block(block[:3], gs).commit(3)
+        assert not calls and gemm
+    finally:
+        mf.close()
+
+
+def test_split_small_block_gemv_prefix(monkeypatch):
+    """A row-split matrix in a small block: the device prefix through gemv (gemv_on_cpu), the host
+    rows on the CPU, concatenated in row order."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1")
+    from tightfit.kernels import gemv as gm
+    from tightfit.kernels.gemm_q import gemm_q_ref
+    qt, n_out, n_in, M = 12, 20, 512, 4
+    w = _split_matrix(qt, n_out, n_in, seed=9)
+    x = np.random.default_rng(2).standard_normal((M, n_in)).astype(np.float32)
+    bf = _fake_split_batch(w, qt, n_in, 8, min_m=32)
+    bf.gemv_on_cpu = True
+    calls = []
+    real = gm.gemv
+    monkeypatch.setattr(gm, "gemv", lambda x, *a, **k: calls.append(x.shape) or real(x, *a, **k))
+    y = bf.lin(torch.from_numpy(x), "m")
+    assert calls == [(M, n_in)] and y.shape == (M, n_out)
+    _close(y, torch.from_numpy(gemm_q_ref(x, w, qt, n_out, n_in)), 2e-2)

@@ -198,5 +198,5 @@ def test_plan_notes_truthful():
                    PlanOptions(ctx=131072, available=16 << 30, kv_type="tq3"))
     assert p.fits and p.line("kv_cache").bytes == 131072 * 16 * 2 * (1024 // 32 * 14)
     note = " ".join(p.notes)
-    assert "GPU" in note and "not yet measured on a device" in note
+    assert "GPU" in note and "slower per layer than the f16 cache" in note
     assert "does not take it" not in note and "CPU path only" not in note

@@ -5,8 +5,10 @@
 tensors, RoPE tables) and runs, per chunk of at most `chunk` tokens (default 1,024; 512-2,048 is
 the useful range):
 
-* matrices: tightfit.kernels.gemm_q (fused decode + bf16 tensor-core GEMM for small M, decode
-  into a bf16 row-chunk scratch + cuBLAS for large M; a single row goes to the executor's GEMV);
+* matrices: blocks of M <= 16 tokens (GEMV_MAX_M; speculative verify) go through the GEMV
+  dispatcher tightfit.kernels.gemv with N = M columns (one pass over W, ~1.0-1.3x the one-token
+  cost on the v2 formats); larger ones through tightfit.kernels.gemm_q (fused decode + bf16
+  tensor-core GEMM for small M, decode into a bf16 row-chunk scratch + cuBLAS for large M);
   on the CPU the same code decodes to fp32 with torch ops (gemm_q_torch);
 * Gated DeltaNet: tightfit.kernels.gdn_chunk (causal conv over the block continuing from the
   stored rows; chunked gated delta rule from the active bank's state);
@@ -14,6 +16,13 @@ the useful range):
   cache, causal SDPA over the prefix and the block); with a quantized KV cache the rows are
   quantized on write and attention is kvquant.reference.attention_quant over the codes;
 * norms, SwiGLU, gates: torch ops (the norms take their mean in float64 like the reference).
+
+Row-split matrices (placement left rows on the host): `lin_split` runs the device prefix with
+gemm_q and, for blocks of >= RING_MIN_M (32) tokens, streams the host suffix rows through a
+double-buffered pinned ring (`HostRowRing`, 2 x 32 MiB pinned + 2 x 32 MiB device, `ring_line`)
+into the same GEMM; smaller blocks compute the host rows on the CPU. (placed.PlacedBatch still
+overrides `lin` with its CPU-only path; the ring is live once it defers to BatchForward.lin.)
+Without an explicit chunk, a placed model's chunk is its plan's `prefill_chunk`.
 
 State protocol (tightfit/runtime/gpu_state.py): a chunk reads the active bank (status[0], read
 once per chunk on the host) and writes the staging bank and KV rows beyond the committed length;
@@ -52,7 +61,94 @@ from tightfit.kernels.gemm_q_torch import dequant_rows
 from tightfit.runtime.state import NonFiniteError, StateError
 
 DEFAULT_PREFILL_CHUNK = int(os.environ.get("TIGHTFIT_PREFILL_CHUNK", "1024"))
-GEMV_MAX_M = int(os.environ.get("TIGHTFIT_BATCH_GEMV_MAX_M", "1"))
+# blocks of at most GEMV_MAX_M tokens (speculative verify, short prompts) run every matrix through
+# the GEMV dispatcher (tightfit.kernels.gemv: one pass over W for N = 1..16 columns) instead of
+# gemm_q; 0 disables it. On the CPU only when BatchForward.gemv_on_cpu is set (interpreter tests).
+GEMV_MAX_M = min(16, int(os.environ.get("TIGHTFIT_BATCH_GEMV_MAX_M", "16")))
+RING_SLOT_BYTES = int(os.environ.get("TIGHTFIT_RING_SLOT_BYTES", str(32 << 20)))
+RING_MIN_M = int(os.environ.get("TIGHTFIT_RING_MIN_M", "32"))
+
+
+class HostRowRing:
+    """Host rows of split matrices streamed to the device for a block of tokens (issue 8 item 4).
+
+    Two pinned host slots and two device staging slots of `slot_bytes` each. A matrix's host
+    suffix (HostRows: raw GGUF rows read in place from the mmap) goes over in pieces of
+    floor(slot_bytes / row_bytes) whole rows; piece i uses slot i % 2:
+
+      host:  wait until slot s's previous H2D copy is done -> memcpy mmap rows into pinned[s]
+      copy stream: wait until the GEMM that read staging[s] is done -> staging[s] <- pinned[s]
+      compute stream: wait for that copy -> gemm_q(x, staging[s]) into out[:, piece columns]
+
+    so the host memcpy and the PCIe copy of piece i+1 overlap the GEMM of piece i (launches are
+    asynchronous; the host blocks only on the copy two pieces back). One prefill chunk streams
+    every host row once: PCIe time host_bytes / bandwidth per chunk, amortized over its tokens.
+    On the CPU (tests) the same piece loop runs synchronously on plain tensors.
+
+    Memory (the plan's prefill line, `ring_line`): 2 * slot_bytes on the device and 2 * slot_bytes
+    of pinned host memory, besides gemm_q's dequant scratch."""
+
+    def __init__(self, device: torch.device, slot_bytes: int = RING_SLOT_BYTES,
+                 scratch_bytes: int = DEFAULT_SCRATCH):
+        self.device = torch.device(device)
+        self.slot_bytes = int(slot_bytes)
+        self.scratch_bytes = int(scratch_bytes)
+        cuda = self.device.type == "cuda"
+        self.host = [torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=cuda)
+                     for _ in range(2)]
+        self.dev = ([torch.empty(self.slot_bytes, dtype=torch.uint8, device=self.device)
+                     for _ in range(2)] if cuda else self.host)
+        self.stream = torch.cuda.Stream(self.device) if cuda else None
+        self.copied: list = [None, None]      # event: H2D of the slot's last piece finished
+        self.used: list = [None, None]        # event: the GEMM that read the slot finished
+        self.pieces = 0                       # counters (tests, bench)
+        self.bytes = 0
+
+    def rows_per_piece(self, row_bytes: int) -> int:
+        n = self.slot_bytes // int(row_bytes)
+        if n < 1:
+            raise ValueError(f"ring slot of {self.slot_bytes} bytes is smaller than one row "
+                             f"({row_bytes} bytes)")
+        return n
+
+    def matmul(self, x: torch.Tensor, rows: np.ndarray, qtype: int, n_in: int,
+               out: torch.Tensor) -> torch.Tensor:
+        """out [M, n_rows] = x . W_rows^T, W_rows = rows [n_rows, row_bytes] uint8 on the host."""
+        from tightfit.kernels.gemm_q import gemm_q
+        n_rows, rb = rows.shape
+        per = self.rows_per_piece(rb)
+        cuda = self.stream is not None
+        cur = torch.cuda.current_stream(self.device) if cuda else None
+        for i, r0 in enumerate(range(0, n_rows, per)):
+            r1 = min(n_rows, r0 + per)
+            s = i % 2
+            nb = (r1 - r0) * rb
+            if self.copied[s] is not None:
+                self.copied[s].synchronize()          # pinned[s] is no longer being read
+            np.copyto(self.host[s][:nb].numpy(), np.asarray(rows[r0:r1]).reshape(-1))
+            if cuda:
+                with torch.cuda.stream(self.stream):
+                    if self.used[s] is not None:
+                        self.stream.wait_event(self.used[s])
+                    self.dev[s][:nb].copy_(self.host[s][:nb], non_blocking=True)
+                    ev = torch.cuda.Event()
+                    ev.record(self.stream)
+                self.copied[s] = ev
+                cur.wait_event(ev)
+            gemm_q(x, self.dev[s][:nb], qtype, r1 - r0, n_in, out=out[:, r0:r1],
+                   scratch_bytes=self.scratch_bytes)
+            if cuda:
+                ev = torch.cuda.Event()
+                ev.record(cur)
+                self.used[s] = ev
+            self.pieces += 1
+            self.bytes += nb
+        return out
+
+
+def ring_line(slot_bytes: int = RING_SLOT_BYTES) -> dict[str, int]:
+    """What HostRowRing adds to the plan's prefill line (bytes)."""
+    return {"ring_device": 2 * int(slot_bytes), "ring_pinned_host": 2 * int(slot_bytes)}
 
 
 def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -83,11 +179,19 @@ class Block:
 
 
 class BatchForward:
+    gemv_max_m = GEMV_MAX_M      # blocks of M <= this (<= 16) tokens: every matrix through gemv
+    gemv_on_cpu = False          # tests: the same route on the CPU (needs TRITON_INTERPRET=1)
+
     def __init__(self, model: Any, chunk: int | None = None, gdn_chunk: int = GC.DEFAULT_CHUNK,
                  scratch_bytes: int = DEFAULT_SCRATCH):
         self.m = model
         self.c = model.config
+        if chunk is None:          # the plan's priced prefill chunk, when the model was placed
+            plan = getattr(getattr(model, "placed", None), "plan", None)
+            chunk = getattr(getattr(plan, "options", None), "prefill_chunk", None)
         self.chunk = int(chunk or DEFAULT_PREFILL_CHUNK)
+        self.ring: HostRowRing | None = None      # built on the first streamed host matrix
+        self.ring_min_m = RING_MIN_M
         self.gdn_chunk = int(gdn_chunk)
         self.scratch_bytes = int(scratch_bytes)
         info = model._embd_info
@@ -103,10 +207,49 @@ class BatchForward:
         return dequant_rows(raw, self._embd_qtype, self.c.n_embd)
 
     def lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        L = self.m.lin[name]
-        if (x.shape[0] <= GEMV_MAX_M and x.is_cuda and L.kind in ("quant", "float")):
+        H = getattr(self.m, "hostw", {}).get(name)
+        # placed.PlacedBatch still overrides lin with its CPU-only host rows and calls this one
+        # for the GPU prefix: only an un-overridden lin owns the host rows (ring or CPU)
+        if H is not None and type(self).lin is BatchForward.lin:
+            return self.lin_split(x, name, H)
+        return self.lin_gpu(x, self.m.lin[name])
+
+    def lin_split(self, x: torch.Tensor, name: str, H: Any) -> torch.Tensor:
+        """A matrix whose rows [H.row_start, H.row_end) live on the host (placed.HostRows). For
+        M >= ring_min_m tokens the host rows stream through the HostRowRing and are multiplied
+        where the GPU rows are (the GPU prefix first: it runs while the ring fills); for fewer
+        tokens the CPU computes them (cpu_gemv) while the GPU prefix runs."""
+        L = self.m.lin.get(name)
+        M = x.shape[0]
+        n_out = H.row_end
+        if M >= self.ring_min_m:
+            out = torch.empty((M, n_out), dtype=torch.float32, device=x.device)
+            if L is not None:
+                gemm_q(x, L.raw, L.qtype, L.n_out, L.n_in, out=out[:, :L.n_out],
+                       scratch_bytes=self.scratch_bytes)
+            if self.ring is None:
+                self.ring = HostRowRing(x.device, scratch_bytes=self.scratch_bytes)
+            self.ring.matmul(x, H.w, H.qtype, H.n_in, out[:, H.row_start:])
+            return out
+        xh = x.detach().to(torch.float32).contiguous().cpu().numpy()
+        y_gpu = self.lin_gpu(x, L) if L is not None else None
+        y_host = torch.from_numpy(np.ascontiguousarray(H.gemv(xh), np.float32)).to(x.device)
+        return y_host if y_gpu is None else torch.cat([y_gpu, y_host], 1)
+
+    def uses_gemv(self, x: torch.Tensor, L: Any) -> bool:
+        """Whether lin_gpu sends this matrix to the GEMV dispatcher: blocks of M <= gemv_max_m
+        (<= 16) tokens, a matrix with a GEMV kernel (Linear.kind quant/float), on CUDA (or on
+        the CPU when gemv_on_cpu, for the interpreter tests)."""
+        return (1 <= x.shape[0] <= min(16, self.gemv_max_m) and (x.is_cuda or self.gemv_on_cpu)
+                and getattr(L, "kind", None) in ("quant", "float"))
+
+    def lin_gpu(self, x: torch.Tensor, L: Any) -> torch.Tensor:
+        """x [M, n_in] . W^T for the device rows of a matrix: the GEMV dispatcher for small
+        blocks (one pass over W for all M columns; v2 int8 tensor cores for IQ4_XS/Q4_K/Q5_K at
+        M >= 3, measured 1.0-1.3x its one-column time, v1 otherwise), gemm_q for larger ones."""
+        if self.uses_gemv(x, L):
             from tightfit.kernels import gemv as gm
-            return gm.gemv(x.contiguous(), L.raw, L.qtype, L.n_out, L.n_in)
+            return gm.gemv(x.to(torch.float32).contiguous(), L.raw, L.qtype, L.n_out, L.n_in)
         return gemm_q(x, L.raw, L.qtype, L.n_out, L.n_in, scratch_bytes=self.scratch_bytes)
 
     def _gdn(self, il: int, xn: torch.Tensor, st: Any, a: int, caps: dict | None) -> torch.Tensor:
