@@ -62,8 +62,11 @@ def check(t, n, n_out, n_in, tag, config=None, workspace=False):
     refq = gemv_ref((q * d[..., None]).reshape(n, n_in), w, t, n_out, n_in)
     eq = np.linalg.norm(y - refq) / np.linalg.norm(refq)
     ef = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+    # the strict check is against the int8-quantized x the kernel sees; against float x the
+    # error is the activation quantization's (~1 % typical; 2.2 % seen once at 8 rows x 512,
+    # where a few dot products decide the norm), hence 4 %: a decode error is O(10-100 %)
     assert eq < 1e-4, f"{what}: {eq:.2e} vs quantized-x reference"
-    assert ef < 2e-2, f"{what}: {ef:.2e} vs float reference"
+    assert ef < 4e-2, f"{what}: {ef:.2e} vs float reference"
 
 
 @pytest.mark.parametrize("n", [1, 2])
