@@ -4,15 +4,14 @@
 
 Implementations (--impls): v1 (gemv_kernel.py, dp4a), v2 (gemv2.py, int8 tensor cores, raw GGUF
 blocks), v2p (v2 on the planar re-layout, gemv2_layout.relayout), v2n1 / v2n1p (v2's dp4a
-small-N path, gemv2_small.py, raw / planar; N <= 2 only, other N are skipped), v3 (gemv3.py,
-dp4a with a warp's lanes along K, planar only, N <= 2), e.g.
-  python3 bench/gemv.py --out $OUT --impls v1,v2,v2n1,v2n1p,v3 --ns 1,2,8
---configs applies to every implementation (keys R, KB, SPLIT, num_warps; v3: R, W, SPLIT,
-num_warps, other keys ignored).
+small-N path, gemv2_small.py, raw / planar; N <= 2 only, other N are skipped), e.g.
+  python3 bench/gemv.py --out $OUT --impls v1,v2,v2n1,v2n1p --ns 1,2,8
+--configs applies to every implementation (keys R, KB, SPLIT, num_warps, U).
+(A lanes-along-K variant, "v3", was measured 1.1-2x slower on the FFN shapes and removed: bench/RESULTS.md.)
 Correctness: at real shapes, sampled rows vs NumPy dequantization + float64 matmul (both with the
 float x, bound 2 %, and with the int8-quantized x the kernel actually sees, bound 1e-4).
 Timing: S weight sets (S*bytes >> 60 MB L2) replayed from one CUDA graph, per matrix, activation
-quantization included (as llama.cpp's numbers); copy bandwidth measured the same way in the same
+quantization included (as llama.cpp's numbers); copy bandwidth measured on the stream in the same
 run (float32 and int64 copy_); llama.cpp's number from the CSV (.whl/ or ../shared/bench/).
 Every format/shape runs under try/except: a failure is recorded and the run goes on.
 Prints a short table last; details (JSON lines) go to OUT/gemv.jsonl.
@@ -35,7 +34,6 @@ import traceback  # noqa: E402
 
 from tightfit.kernels.gemv import gemv, gemv_ref, type_id, type_name, MACRO_BYTES  # noqa: E402
 from tightfit.kernels.gemv2 import gemv2  # noqa: E402
-from tightfit.kernels.gemv3 import gemv3, V3_TYPES  # noqa: E402
 from tightfit.kernels.gemv2_layout import relayout_torch, V2_TYPES  # noqa: E402
 from tightfit.kernels.quantize_act import quantize_act_ref  # noqa: E402
 
@@ -112,13 +110,12 @@ def copy_bw(dtype):
 
 
 def planar_impl(impl):
-    return impl in ("v2p", "v2n1p", "v3")
+    return impl in ("v2p", "v2n1p")
 
 
 def skip(impl, t, n):
     """Implementations that do not run this type / column count."""
-    return ((impl != "v1" and t not in V2_TYPES) or (impl.startswith("v2n1") and n > 2)
-            or (impl == "v3" and (t not in V3_TYPES or n > 2)))
+    return (impl != "v1" and t not in V2_TYPES) or (impl.startswith("v2n1") and n > 2)
 
 
 def call(impl, x, w, t, n_out, n_in, out, cfg=None):
@@ -129,8 +126,6 @@ def call(impl, x, w, t, n_out, n_in, out, cfg=None):
             return gemv(x, w, t, n_out, n_in, out=out, config=cfg)
         finally:
             os.environ["TIGHTFIT_GEMV"] = "v2"
-    if impl == "v3":
-        return gemv3(x, w, t, n_out, n_in, out=out, config=cfg)
     if impl.startswith("v2n1"):
         cfg = {**(cfg or {}), "PATH": "dp4a"}
     elif impl in ("v2", "v2p"):

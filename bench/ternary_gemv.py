@@ -38,44 +38,20 @@ NAME = {T3_ID: "T3_256", TQ2_ID: "TQ2_0", TQ1_ID: "TQ1_0"}
 
 
 def graph_time(torch, fn, reps: int = 20) -> float:
-    """Median ms of one replay of a CUDA graph that calls fn() once."""
-    import numpy as np
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return float(np.median(ts))
+    """bench/gemv.py's graph timing (median ms of one replay)."""
+    return _gemv_bench().graph_time(fn, reps)
 
 
 def copy_bw(torch) -> dict[str, float]:
-    out = {}
-    for name, dtype, n in (("uint8_4GiB", torch.uint8, 4 << 30), ("float32_1GiB", torch.float32, 1 << 30)):
-        src = torch.ones(n // torch.tensor([], dtype=dtype).element_size(), dtype=dtype, device="cuda")
-        dst = torch.empty_like(src)
+    """Device copy bandwidth as bench/gemv.py measures it (on the stream, not in a graph: a
+    captured memcpy node reads ~2.7 TB/s on the H200, bench/NOTES.md)."""
+    return {"float32_1GiB": _gemv_bench().copy_bw(torch.float32)}
 
-        def f():
-            for _ in range(4):
-                dst.copy_(src)
-        graph_time(torch, f, 5)
-        ms = graph_time(torch, f, 10) / 4
-        out[name] = 2 * n / (ms * 1e-3) / 1e9
-        src = dst = None
-        torch.cuda.empty_cache()
-    return out
+
+def _gemv_bench():
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gemv as gemv_bench
+    return gemv_bench
 
 
 def ternary_weights(n_out: int, n_in: int, seed: int):

@@ -127,17 +127,6 @@ def scen_gemv_v2():
                          torch.zeros(n, n_in), w, t, n_out, n_in, planar=planar)
 
 
-def scen_gemv_v3():
-    from tightfit.kernels.gemv3 import gemv3, V3_TYPES
-    from tightfit.kernels.gemv2_layout import MACRO
-    for t in sorted(V3_TYPES):
-        for n_out, n_in in SHAPES + [(HIDDEN, FFN)]:
-            w = _u8(n_out * n_in // 256 * MACRO[t])
-            for n in (1, 2):
-                _scn(f"gemv v3 t={t} N={n} {n_out}x{n_in}", gemv3, torch.zeros(n, n_in), w, t,
-                     n_out, n_in)
-
-
 def scen_quant_act():
     from tightfit.kernels.quantize_act import quantize_act
     for layout in (0, 1, 2, 3):
@@ -229,7 +218,7 @@ def scen_norm_gdn():
          torch.zeros(48), torch.zeros(48), ssm, torch.zeros(48, 128), st, 0, 16, 1e-6)
 
 
-SCENARIOS = [scen_gemv_v1, scen_gemv_v2, scen_gemv_v3, scen_quant_act, scen_gemm_q, scen_embed, scen_gemv_t3,
+SCENARIOS = [scen_gemv_v1, scen_gemv_v2, scen_quant_act, scen_gemm_q, scen_embed, scen_gemv_t3,
              scen_attention, scen_norm_gdn]
 
 
