@@ -208,9 +208,9 @@ def test_small_split_bound_covers_every_shape():
 
 
 def test_small_path_other_tile_order():
-    """The small path's tiles have two physical dim orders (gemv2_small._rows_first: Triton 3.6 on
-    the device takes [R, KB, fields, words], later versions [fields, R, KB, words]); this process
-    imported one of them, so the edge cases run again in a child with the other order forced."""
+    """The small path's tiles have two physical dim orders (gemv2_small._rows_first: default
+    [fields, R, KB, words], TIGHTFIT_GEMV_RF=1 [R, KB, fields, words]); this process imported one
+    of them, so the edge cases run again in a child with the other order forced."""
     import subprocess
     import sys
     from tightfit.kernels import gemv2_small

@@ -41,23 +41,15 @@ MF0 = tl.constexpr(i32(0xF0F0F0F0))
 
 
 def _rows_first() -> bool:
-    """Triton's coalescing pass orders the dims of a load by contiguity; the tie between the
-    non-contiguous dims (fields, rows, blocks) is broken by ascending dim index in Triton <= 3.6
-    (the device's) and by descending index in later versions (3.9 here). Lanes go to the first
-    dims of that order, and they must cover (row, block), never the fields: with the fields
-    first, Triton 3.6 put lanes on them (each thread 4 rows x 2 blocks of one field, 31
-    shared-memory ops in the loop, 164 registers for Q5_K). Hence the physical dim order of the
-    tiles: [R, KB, fields..., words] on Triton < 3.7, [fields..., R, KB, words] after.
-    TIGHTFIT_GEMV_RF=0/1 forces it (tests run both orders under the interpreter)."""
+    """Physical dim order of the tiles: [R, KB, fields..., words] (True) or [fields..., R, KB,
+    words] (False, the default). Triton's coalescing pass orders the non-contiguous dims of a load
+    by a version-dependent tie-break; offline under Triton 3.6 the rows-first order cut Q5_K from
+    164 to 82 registers, but on the H200 it ran 1.2-2x SLOWER (session 3 call 1: Q8_0 planar 80 ->
+    44 %, Q4_K 49 -> 40 %, e2e 83 -> 72 tok/s; bench/RESULTS.md): fewer registers, worse loads.
+    So the measured-faster order is the default; TIGHTFIT_GEMV_RF=1 selects the other (tests run
+    both orders under the interpreter)."""
     import os
-    env = os.environ.get("TIGHTFIT_GEMV_RF")
-    if env in ("0", "1"):
-        return env == "1"
-    try:
-        major, minor = (int(v) for v in triton.__version__.split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) < (3, 7)
+    return os.environ.get("TIGHTFIT_GEMV_RF", "0") == "1"
 
 
 RF = tl.constexpr(_rows_first())
