@@ -37,7 +37,10 @@ only (or not at all) and the last block's FFN runs on one row, as in ReferenceMo
 committing and returns a `Block`: logits of every row, the normed final hidden rows (what an MTP
 head reads), and `commit(j)`, which stages the recurrent state after block token j-1 (rebuilt from
 the chunked recurrence's kept K/U/decays, gdn_chunk.KeptStates: no re-run) and commits j
-positions; the KV rows of the rejected tokens are abandoned.
+positions; the KV rows of the rejected tokens are abandoned. Blocks of <= 16 tokens on a GPUModel
+without host rows, placement or a quantized KV cache take tightfit.model.verify_graph instead (a
+CUDA graph per (M, attention mode): planned buffers, device position, per-position GDN states in
+fixed buffers, commit by device copy); TIGHTFIT_VERIFY_GRAPH=0 keeps them here.
 
 Workspace (device bytes besides weights and state) for a chunk of n tokens, see
 `workspace_bytes(config, n)`: activations ~ n * (3 E + 3 n_ff + 4 conv_dim + 3 value_dim
@@ -181,6 +184,7 @@ class Block:
 class BatchForward:
     gemv_max_m = GEMV_MAX_M      # blocks of M <= this (<= 16) tokens: every matrix through gemv
     gemv_on_cpu = False          # tests: the same route on the CPU (needs TRITON_INTERPRET=1)
+    use_verify_graph: bool | None = None   # None: TIGHTFIT_VERIFY_GRAPH (auto = CUDA only)
 
     def __init__(self, model: Any, chunk: int | None = None, gdn_chunk: int = GC.DEFAULT_CHUNK,
                  scratch_bytes: int = DEFAULT_SCRATCH):
@@ -191,6 +195,7 @@ class BatchForward:
             chunk = getattr(getattr(plan, "options", None), "prefill_chunk", None)
         self.chunk = int(chunk or DEFAULT_PREFILL_CHUNK)
         self.ring: HostRowRing | None = None      # built on the first streamed host matrix
+        self._vg = None                           # verify_graph.VerifyGraph, built on first use
         self.ring_min_m = RING_MIN_M
         self.gdn_chunk = int(gdn_chunk)
         self.scratch_bytes = int(scratch_bytes)
@@ -249,6 +254,11 @@ class BatchForward:
         M >= 3, measured 1.0-1.3x its one-column time, v1 otherwise), gemm_q for larger ones."""
         if self.uses_gemv(x, L):
             from tightfit.kernels import gemv as gm
+            if L.kind == "quant":            # CUDA C++ GEMV when it serves the type (gemv_route)
+                from tightfit.kernels.gemv_route import gemv_cuda_direct
+                y = gemv_cuda_direct(x, L.raw, L.qtype, L.n_out)
+                if y is not None:
+                    return y
             return gm.gemv(x.to(torch.float32).contiguous(), L.raw, L.qtype, L.n_out, L.n_in)
         return gemm_q(x, L.raw, L.qtype, L.n_out, L.n_in, scratch_bytes=self.scratch_bytes)
 
@@ -365,9 +375,29 @@ class BatchForward:
             return torch.empty(0, V, dtype=torch.float32, device=self.m.device)
         return torch.cat(rows, 0) if len(rows) > 1 else rows[0]
 
+    def verify_graph(self, n: int, st: Any):
+        """The captured verify block (tightfit.model.verify_graph) for n tokens on this state,
+        or None (eager path): see that module for when it applies. Its buffers are sized for the
+        largest block seen so far (growing drops the smaller one's graphs)."""
+        from tightfit.model import verify_graph as VG
+        use = self.use_verify_graph
+        if use is None:
+            use = VG.enabled_for(self.m.device)
+        if not use or type(self) is not BatchForward or not VG.VerifyGraph.supports(self.m, st, n):
+            return None
+        if self._vg is None or self._vg.m_max < n:
+            self._vg = None
+            self._vg = VG.VerifyGraph(self.m, n)
+        return self._vg
+
     def forward_block(self, ids: Sequence[int], st: Any, keep_states: bool = True) -> Block:
-        """One block (a verify round) without committing; see the module docstring."""
+        """One block (a verify round) without committing; see the module docstring. Blocks of
+        <= 16 tokens on a GPUModel without host rows or a quantized KV cache run as a captured
+        graph (tightfit.model.verify_graph; eager on the CPU unless enabled)."""
         n = len(ids)
+        vg = self.verify_graph(n, st)
+        if vg is not None:
+            return vg.run(list(ids), st)
         K = self.c.ssm_conv_kernel
         caps: dict | None = {} if keep_states else None
         with torch.no_grad():

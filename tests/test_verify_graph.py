@@ -1,0 +1,254 @@
+"""The captured speculative verify block (tightfit.model.verify_graph, kernels in
+tightfit.kernels.block_step) on the CPU: the same pass the CUDA graph records, run eagerly on the
+torch references (use_triton=False) and on the Triton kernels under TRITON_INTERPRET=1.
+
+Oracles: the eager batched forward_block (tightfit.model.batch, a different code path: chunked
+GDN, SDPA attention); for commit(j), the same executor fed the j tokens one by one; for greedy
+speculation, the plain decode loop. Plus: no tensor is created during the pass, the block
+kernels equal their references, and a CUDA smoke test (skipped here) captures and replays."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tightfit.api import open_model  # noqa: E402
+from tightfit.model.generate import make_model  # noqa: E402
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    p = tmp_path_factory.mktemp("vg") / "tiny-f32.gguf"
+    make_model(p, preset="tiny", qtype="F32", seed=7)
+    mf = open_model(p)
+    yield mf
+    mf.close()
+
+
+def _exe(mf, triton_ops=False, chunk=None, n_ctx=128, device="cpu"):
+    from tightfit.model.executor import GPUModel
+    exe = GPUModel.from_model_file(mf, device=device, n_ctx=n_ctx, use_triton=triton_ops,
+                                   device_embed=True if triton_ops else None, chunk=chunk)
+    return exe
+
+
+def _prompt(mf, n, seed):
+    return np.random.default_rng(seed).integers(0, mf.config.n_vocab, n).tolist()
+
+
+def _blocks(exe, st, block):
+    """(eager Block logits/hidden, graph-path Block) from the same state."""
+    bf = exe.batcher()
+    snap = st.snapshot()
+    bf.use_verify_graph = False
+    e = exe.forward_block(block, st)
+    el, eh = e.logits.detach().clone(), e.hidden.detach().clone()
+    st.restore(snap)
+    bf.use_verify_graph = True
+    g = exe.forward_block(block, st)
+    assert bf._vg is not None and bf._vg.serial >= 1
+    return el, eh, g, snap
+
+
+def _close(a, b, tol):
+    a = np.asarray(a.detach().cpu(), np.float64)
+    b = np.asarray(b.detach().cpu(), np.float64)
+    err = np.abs(a - b).max()
+    assert err <= tol * (np.abs(b).max() + 1e-9), (err, np.abs(b).max())
+
+
+@pytest.mark.parametrize("triton_ops", [False, True])
+@pytest.mark.parametrize("M", [1, 5, 16])
+def test_logits_equal_eager_block(tiny, triton_ops, M):
+    if triton_ops and not INTERP:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    exe = _exe(tiny, triton_ops)
+    st = exe.new_state(128)
+    exe.forward(_prompt(tiny, 11, M), st, logits="none")
+    el, eh, g, _ = _blocks(exe, st, _prompt(tiny, M, 100 + M))
+    assert g.logits.shape == el.shape
+    _close(g.logits, el, 2e-5)
+    _close(g.hidden, eh, 2e-5)
+    assert st.pos == 11                              # nothing committed by the pass
+    g.commit(M)
+    assert st.pos == 11 + M and int(st.status[2]) == 11 + M
+
+
+@pytest.mark.parametrize("triton_ops", [False, True])
+def test_commit_j_equals_tokens_one_by_one(tiny, triton_ops):
+    """Accepting j of M keeps exactly the state after block token j-1: the next logits and the
+    recurrent banks equal feeding those j tokens one at a time through the step."""
+    if triton_ops and not INTERP:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    exe = _exe(tiny, triton_ops)
+    exe.batcher().use_verify_graph = True
+    prompt, block = _prompt(tiny, 9, 1), _prompt(tiny, 5, 2)
+    js = [1, 3, 5] if triton_ops else [1, 2, 3, 4, 5]
+    for j in js:
+        a, b = exe.new_state(128), exe.new_state(128)
+        exe.forward(prompt, a, logits="none")
+        exe.forward(prompt, b, logits="none")
+        exe.forward_block(block, a).commit(j)
+        for t in block[:j]:
+            exe.forward([t], b, logits="last")
+        assert a.pos == b.pos == 9 + j
+        ab, bb = int(a.status[0]), int(b.status[0])
+        _close(a.ssm[ab], b.ssm[bb], 1e-5)
+        _close(a.conv[ab], b.conv[bb], 1e-6)
+        _close(exe.forward([7, 8], a, logits="all"), exe.forward([7, 8], b, logits="all"), 2e-5)
+
+
+def test_split_attention_mode(tiny, monkeypatch):
+    """Past SINGLE_PASS_MAX the block attends with split-K (chunks of 4 rows here, several of
+    them fully masked for the early queries of the block) and still equals the eager block."""
+    if not INTERP:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    from tightfit.kernels import attn_decode as A
+    monkeypatch.setattr(A, "SINGLE_PASS_MAX", 8)
+    exe = _exe(tiny, True, chunk=4)
+    st = exe.new_state(128)
+    exe.forward(_prompt(tiny, 13, 3), st, logits="none")
+    el, eh, g, _ = _blocks(exe, st, _prompt(tiny, 6, 4))
+    _close(g.logits, el, 2e-5)
+    g.commit(2)
+    assert st.pos == 15
+
+
+def test_stale_block_cannot_commit(tiny):
+    from tightfit.runtime.state import StateError
+    exe = _exe(tiny)
+    exe.batcher().use_verify_graph = True
+    st = exe.new_state(128)
+    exe.forward([1, 2, 3], st, logits="none")
+    b1 = exe.forward_block([4, 5, 6], st)
+    b2 = exe.forward_block([4, 5, 6], st)
+    with pytest.raises(StateError):
+        b1.commit(1)
+    b2.commit(2)
+    assert st.pos == 5
+
+
+def test_not_taken_for_quantized_kv_or_cpu_default(tiny):
+    exe = _exe(tiny)
+    bf = exe.batcher()
+    st = exe.new_state(128)
+    assert bf.use_verify_graph is None and bf.verify_graph(4, st) is None   # auto: CUDA only
+    bf.use_verify_graph = True
+    assert bf.verify_graph(4, st) is not None
+    assert bf.verify_graph(17, st) is None                                  # > 16: eager
+
+
+def test_pass_creates_no_tensor(tiny):
+    """The pass (what the graph records) writes only planned buffers: no tensor is created
+    (Triton kernels interpreted; the interpreter's own host copies are not torch ops)."""
+    if not INTERP:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    from torch.utils._python_dispatch import TorchDispatchMode
+    exe = _exe(tiny, True)
+    bf = exe.batcher()
+    bf.use_verify_graph = True
+    st = exe.new_state(128)
+    exe.forward([1, 2, 3, 4], st, logits="none")
+    vg = bf.verify_graph(5, st)
+    vg.run([5, 6, 7, 8, 9], st)            # first use: lazy tables, views
+    made = []
+    factory = {"empty", "empty_strided", "zeros", "ones", "full", "new_empty", "new_zeros",
+               "new_empty_strided", "cat", "clone", "_to_copy", "arange", "stack", "tensor",
+               "scalar_tensor", "lift_fresh"}
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in factory:
+                import traceback
+                stack = traceback.extract_stack()
+                if not any("triton" in f.filename and "interpreter" in f.filename
+                           for f in stack):          # the interpreter's own host copies
+                    made.append((name, [f"{f.filename}:{f.lineno}" for f in stack
+                                        if "tightfit" in f.filename][-2:]))
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Count():
+        vg._pass(st, 5, "single")
+    assert made == [], made
+
+
+def test_greedy_speculation_identical_to_plain(tiny):
+    """BlockVerifier over the graph path (refs on the CPU) emits exactly the plain greedy tokens."""
+    from tightfit.runtime.engine import Engine
+    from tightfit.runtime.sampler import GREEDY
+    from tightfit.runtime.spec import SpecConfig, SpeculativeEngine
+    from tightfit.tokenizer import from_gguf
+    exe = _exe(tiny, n_ctx=256)
+    exe.batcher().use_verify_graph = True
+    eng = Engine(tiny, exe, from_gguf(tiny.gguf.metadata), n_ctx=256)
+    se = SpeculativeEngine(eng, SpecConfig(drafters=("ngram", "suffix")))
+    for p in ([100, 200, 300, 100, 200, 300, 100, 200], [42] * 12):
+        sa, sb = eng.new_state(), eng.new_state()
+        a = list(eng.generate(p, max_tokens=80, sampling=GREEDY, state=sa))[-1]
+        b = list(se.generate(p, max_tokens=80, sampling=GREEDY, state=sb))[-1]
+        assert b.tokens == a.tokens
+        assert sb.pos == sa.pos
+    assert exe.batcher()._vg is not None and exe.batcher()._vg.serial > 0
+
+
+def test_quantized_matrix_block_columns():
+    """A quantized matrix at M columns through the block's layout and planned activation buffers
+    (gemv_route.quantize_into + gemv_act) equals the GEMV reference."""
+    if not INTERP:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    from tightfit.kernels.gemv import gemv_ref
+    from tightfit.kernels.gemv_route import gemv_act, make_act, quantize_into
+    from tightfit.model.verify_graph import act_specs, block_layout
+    from tightfit.quant.traits import traits
+    qt, n_out, n_in, M = 8, 32, 256, 5           # Q8_0: fp16 scale at byte 0 of each block
+    rng = np.random.default_rng(0)
+    tr = traits(qt)
+    blocks = rng.integers(0, 256, size=(n_out * n_in // tr.block_size, tr.type_size),
+                          dtype=np.uint8)
+    blocks[:, 0:2] = rng.uniform(0.001, 0.01, blocks.shape[0]).astype(np.float16) \
+        .view(np.uint8).reshape(-1, 2)
+    raw = blocks.reshape(-1).copy()
+    x = rng.standard_normal((M, n_in)).astype(np.float32)
+    lay = block_layout(qt)
+    dt = {"i8": torch.int8, "f32": torch.float32, "i32": torch.int32}
+    bufs = {s: torch.zeros(sh, dtype=dt[d]) for s, sh, d in act_specs(lay, n_in, M)}
+    act = quantize_into(torch.from_numpy(x), lay, make_act(lay, bufs, M, n_in))
+    out = torch.zeros(M, n_out)
+    gemv_act(act, torch.from_numpy(raw), qt, n_out, out, torch.zeros(1 << 16))
+    want = gemv_ref(x, raw, qt, n_out, n_in)
+    assert np.abs(out.numpy() - want).max() <= 0.02 * np.abs(want).max()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_capture_and_replay(tiny):
+    """CUDA: the block is captured once per (M, mode), replays allocate nothing, and its logits
+    and partial commit equal the eager block."""
+    exe = _exe(tiny, True, device="cuda")
+    bf = exe.batcher()
+    st = exe.new_state(128)
+    exe.forward(_prompt(tiny, 11, 5), st, logits="none")
+    block = _prompt(tiny, 5, 6)
+    el, eh, g, snap = _blocks(exe, st, block)
+    _close(g.logits, el, 1e-4)
+    st.restore(snap)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    for _ in range(3):
+        g = exe.forward_block(block, st)
+        _close(g.logits, el, 1e-4)
+        st.restore(snap)
+    torch.cuda.synchronize()
+    assert bf._vg.replays >= 3
+    allocs = torch.cuda.memory_stats()["allocation.all.allocated"] - before
+    assert allocs <= 40, allocs            # snapshot/restore host copies only, none per layer
+    g = exe.forward_block(block, st)
+    g.commit(2)
+    st.sync()
+    assert st.pos == 13

@@ -1,0 +1,393 @@
+"""Decode-step kernels for a block of M <= 16 consecutive tokens (the speculative verify block),
+reading the position and the active recurrent bank on the device so the block can be captured as
+a CUDA graph (tightfit.model.verify_graph). Every buffer is caller-given; nothing is allocated.
+
+* `conv_block`: the causal depthwise conv of the Gated DeltaNet over M new pre-conv rows u[t]
+  (window: the K-1 rows of the *active* bank, then u[0..M-1]), SiLU -> y [M, C]. Writes no
+  state: the conv state after block token j-1 is cut from (bank rows, u rows) at commit time.
+* `gdn_block`: the delta rule token after token from the active bank's SSM state (the same math
+  as tightfit.kernels.gdn.gdn_step, one program per (V head, value block) keeping its state slice
+  in registers across the M tokens); the state after token t < M-1 goes to the per-position
+  buffer pos[t], the state after the last token to the *staging* bank. o [M, Hv, S].
+* `qk_prep_block`: q/k RMSNorm + partial NEOX RoPE at positions status[2] + t, K/V rounded to
+  fp16 into cache rows status[2] + t (beyond the committed length: rejected rows are abandoned).
+* `attn_block`: M queries at positions p0 + t (p0 = status[2]) against the cache rows
+  0..p0+t (the block's own rows included: causal inside the block), GQA, sigmoid gate. One
+  program per (KV head, tile of 16 (token, group head) query rows, chunk of keys); K/V are read
+  once per tile. Single pass, or split-K over chunks of `chunk` rows with a reduce (m, l, acc
+  workspace [M*H, NCH(, D)]), as attn_decode. Scores and P.V use the fp16 hi+lo split of
+  attn_decode (~fp32 accuracy on exact fp16 K/V).
+* `commit_block`: keep j of the M tokens: staging bank <- conv window after token j-1 and SSM
+  state pos[j-1] (j < M; j = M: the block already left it there), then flip the bank and advance
+  the device position by j (unless the sticky non-finite flag is set). Not captured (j comes from
+  the host after acceptance); three small launches, no sync.
+
+Each has a torch reference `*_ref` with the same signature (the CPU path and the tests' oracle).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from tightfit.kernels.attn_decode import LOG2E, _norm_rope, attention_f64
+
+
+# ---- causal conv over the block -----------------------------------------------------------------
+@triton.jit
+def _conv_block_kernel(u_ptr, conv_ptr, w_ptr, y_ptr, status_ptr, slot, C, bank_stride, M,
+                       KM1: tl.constexpr, BLOCK: tl.constexpr):
+    c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = c < C
+    a = tl.load(status_ptr)
+    src = conv_ptr + a.to(tl.int64) * bank_stride + slot * (KM1 * C)
+    for t in range(0, M):
+        acc = tl.zeros([BLOCK], tl.float32)
+        for jj in tl.static_range(0, KM1 + 1):
+            r = c * 0 + (t - KM1 + jj)          # window row: < 0 from the bank, else u[r]
+            hs = tl.load(src + (KM1 + r) * C + c, mask=m & (r < 0), other=0.0)
+            hu = tl.load(u_ptr + r * C + c, mask=m & (r >= 0), other=0.0)
+            acc += tl.where(r < 0, hs, hu) * tl.load(w_ptr + c * (KM1 + 1) + jj, mask=m, other=0.0)
+        tl.store(y_ptr + t * C + c, acc / (1.0 + tl.exp(-acc)), mask=m)
+
+
+def conv_block(u: torch.Tensor, conv_buf: torch.Tensor, w: torch.Tensor, y: torch.Tensor,
+               status: torch.Tensor, slot: int) -> torch.Tensor:
+    """u [M, C] new pre-conv rows, conv_buf [2, n_rec, K-1, C], w [C, K] -> y [M, C]."""
+    M, C = u.shape
+    km1 = conv_buf.shape[2]
+    BLOCK = 512
+    _conv_block_kernel[(triton.cdiv(C, BLOCK),)](u, conv_buf, w, y, status, slot, C,
+                                                 conv_buf.stride(0), M, KM1=km1, BLOCK=BLOCK,
+                                                 num_warps=4)
+    return y
+
+
+def conv_block_ref(u, conv_buf, w, y, status, slot):
+    a = int(status[0])
+    M = u.shape[0]
+    K = w.shape[1]
+    hist = torch.cat([conv_buf[a, slot], u], 0)                          # [K-1+M, C]
+    for t in range(M):
+        y[t].copy_(F.silu((hist[t:t + K].t() * w).sum(-1)))
+    return y
+
+
+# ---- gated delta rule, token after token ----------------------------------------------------------
+@triton.jit
+def _gdn_block_kernel(y_ptr, alpha_ptr, beta_ptr, dtb_ptr, ssma_ptr, ssm_ptr, pos_ptr, o_ptr,
+                      status_ptr, slot, bank_stride, pos_stride, M, CY, Hv, Hk, eps, q_scale,
+                      S: tl.constexpr, BV: tl.constexpr):
+    h = tl.program_id(0)
+    jb = tl.program_id(1)
+    kh = h % Hk
+    KD = Hk * S
+    i = tl.arange(0, S)
+    j = jb * BV + tl.arange(0, BV)
+    a = tl.load(status_ptr).to(tl.int64)
+    off = slot * (Hv * S * S) + h * (S * S) + i[:, None] * S + j[None, :]
+    st = tl.load(ssm_ptr + a * bank_stride + off)
+    poff = h * (S * S) + i[:, None] * S + j[None, :]
+    dtb = tl.load(dtb_ptr + h)
+    ssma = tl.load(ssma_ptr + h)
+    for t in range(0, M):
+        yb = y_ptr + t * CY
+        q = tl.load(yb + kh * S + i)
+        k = tl.load(yb + KD + kh * S + i)
+        v = tl.load(yb + 2 * KD + h * S + j)
+        q = q / tl.sqrt(tl.sum(q * q, axis=0) + eps) * q_scale
+        k = k / tl.sqrt(tl.sum(k * k, axis=0) + eps)
+        x = tl.load(alpha_ptr + t * Hv + h) + dtb
+        sp = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+        decay = tl.exp(sp * ssma)
+        beta = 1.0 / (1.0 + tl.exp(-tl.load(beta_ptr + t * Hv + h)))
+        st = st * decay
+        kv = tl.sum(st * k[:, None], axis=0)
+        delta = beta * (v - kv)
+        st = st + k[:, None] * delta[None, :]
+        if t < M - 1:
+            tl.store(pos_ptr + t * pos_stride + poff, st)
+        else:
+            tl.store(ssm_ptr + (1 - a) * bank_stride + off, st)
+        o = tl.sum(st * q[:, None], axis=0)
+        tl.store(o_ptr + t * (Hv * S) + h * S + j, o)
+
+
+def gdn_block(y, alpha, beta, dt_bias, ssm_a, ssm_buf, pos, o, status, slot, Hk, eps, BV=None):
+    """y [M, conv_dim], alpha/beta raw [M, Hv], ssm_buf [2, n_rec, Hv, S, S], pos [>= M-1, Hv,
+    S, S] (this layer's per-position states, unit inner strides) -> o [M, Hv, S]."""
+    _, _, Hv, S, _ = ssm_buf.shape
+    M = y.shape[0]
+    if BV is None:
+        BV = min(S, 32)
+    _gdn_block_kernel[(Hv, S // BV)](y, alpha, beta, dt_bias, ssm_a, ssm_buf, pos, o, status,
+                                     slot, ssm_buf.stride(0), pos.stride(0), M, y.stride(0), Hv,
+                                     Hk, float(eps), float(S) ** -0.5, S=S, BV=BV, num_warps=4)
+    return o
+
+
+def gdn_block_ref(y, alpha, beta, dt_bias, ssm_a, ssm_buf, pos, o, status, slot, Hk, eps, BV=None):
+    _, _, Hv, S, _ = ssm_buf.shape
+    M = y.shape[0]
+    a = int(status[0])
+    kd = Hk * S
+    r = Hv // Hk
+    st = ssm_buf[a, slot].clone()
+    for t in range(M):
+        q = y[t, :kd].reshape(Hk, S)
+        k = y[t, kd:2 * kd].reshape(Hk, S)
+        v = y[t, 2 * kd:].reshape(Hv, S)
+        q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + eps) * (S ** -0.5)
+        k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + eps)
+        qh, kh = q.repeat(r, 1), k.repeat(r, 1)
+        g = F.softplus(alpha[t].reshape(-1) + dt_bias) * ssm_a
+        b = torch.sigmoid(beta[t].reshape(-1))
+        st = st * torch.exp(g)[:, None, None]
+        kv = torch.einsum("hi,hij->hj", kh, st)
+        st = st + kh[:, :, None] * (b[:, None] * (v - kv))[:, None, :]
+        (pos[t] if t < M - 1 else ssm_buf[1 - a, slot]).copy_(st)
+        o[t].copy_(torch.einsum("hi,hij->hj", qh, st))
+    return o
+
+
+# ---- q/k norm + RoPE + KV rows --------------------------------------------------------------------
+@triton.jit
+def _qk_prep_block_kernel(qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
+                          qout_ptr, status_ptr, H, Hkv, eps, D: tl.constexpr, HALF: tl.constexpr):
+    t = tl.program_id(0)
+    p = tl.program_id(1)
+    pos = (tl.load(status_ptr + 2) + t).to(tl.int64)
+    d = tl.arange(0, D)
+    if p < H:
+        out = _norm_rope(qg_ptr + t * (H * 2 * D) + p * (2 * D), qn_ptr, cos_ptr, sin_ptr, pos,
+                         eps, D, HALF)
+        tl.store(qout_ptr + (t * H + p) * D + d, out)
+    else:
+        jh = p - H
+        out = _norm_rope(k_ptr + t * (Hkv * D) + jh * D, kn_ptr, cos_ptr, sin_ptr, pos, eps, D,
+                         HALF)
+        row = (pos * Hkv + jh) * D
+        tl.store(kc_ptr + row + d, out.to(tl.float16))
+        tl.store(vc_ptr + row + d, tl.load(v_ptr + t * (Hkv * D) + jh * D + d).to(tl.float16))
+
+
+def qk_prep_block(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps):
+    """qg [M, H*2D], k/v [M, Hkv*D] fp32; caches [cap, Hkv, D] fp16; q_out [M, H, D] fp32."""
+    M, H, D = q_out.shape
+    Hkv = kcache.shape[1]
+    _qk_prep_block_kernel[(M, H + Hkv)](qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out,
+                                        status, H, Hkv, float(eps), D=D, HALF=cos.shape[1],
+                                        num_warps=2)
+    return q_out
+
+
+def qk_prep_block_ref(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps):
+    from tightfit.kernels.attn_decode import _rms, _rope_rows
+    M, H, D = q_out.shape
+    Hkv = kcache.shape[1]
+    p0 = int(status[2])
+    for t in range(M):
+        c, s = cos[p0 + t], sin[p0 + t]
+        q_out[t].copy_(_rope_rows(_rms(qg[t].reshape(H, 2 * D)[:, :D], qn_w, eps), c, s))
+        kcache[p0 + t].copy_(_rope_rows(_rms(k[t].reshape(Hkv, D), kn_w, eps), c, s)
+                             .to(kcache.dtype))
+        vcache[p0 + t].copy_(v[t].reshape(Hkv, D).to(vcache.dtype))
+    return q_out
+
+
+# ---- attention of M queries ----------------------------------------------------------------------
+QR = 16          # query rows (token, group head) per program: the tensor-core dot's minimum
+
+
+@triton.jit
+def _attn_block_kernel(q_ptr, kc_ptr, vc_ptr, qg_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, status_ptr,
+                       Hkv, H, M, NCH, CHUNK, qk_scale,
+                       D: tl.constexpr, GRP: tl.constexpr, QR: tl.constexpr, BT: tl.constexpr,
+                       SPLIT: tl.constexpr):
+    kvh = tl.program_id(0)
+    tile = tl.program_id(1)
+    c = tl.program_id(2)
+    p0 = tl.load(status_ptr + 2)
+    r = tile * QR + tl.arange(0, QR)
+    t = r // GRP
+    rm = t < M
+    head = kvh * GRP + r % GRP
+    qrow = t * H + head
+    Tr = p0 + t + 1                     # keys visible to each query row (causal)
+    Tmax = p0 + M
+    start = c * CHUNK
+    end = tl.minimum(start + CHUNK, Tmax)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + qrow[:, None] * D + d[None, :], mask=rm[:, None], other=0.0) * qk_scale
+    q_hi = q.to(tl.float16)
+    q_lo = (q - q_hi.to(tl.float32)).to(tl.float16)
+    m_i = tl.full([QR], float("-inf"), tl.float32)
+    l_i = tl.zeros([QR], tl.float32)
+    acc = tl.zeros([QR, D], tl.float32)
+    tt = tl.arange(0, BT)
+    for t0 in range(start, end, BT):
+        kt_i = t0 + tt
+        km = kt_i < end
+        row = (kt_i.to(tl.int64) * Hkv + kvh) * D
+        kk = tl.load(kc_ptr + row[:, None] + d[None, :], mask=km[:, None], other=0.0)
+        kt = tl.trans(kk)
+        s = tl.dot(q_hi, kt) + tl.dot(q_lo, kt)
+        ok = km[None, :] & (kt_i[None, :] < Tr[:, None])
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)     # rows with no key yet
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vv = tl.load(vc_ptr + row[:, None] + d[None, :], mask=km[:, None], other=0.0)
+        p_hi = p.to(tl.float16)
+        p_lo = (p - p_hi.to(tl.float32)).to(tl.float16)
+        acc = acc * alpha[:, None] + tl.dot(p_hi, vv) + tl.dot(p_lo, vv)
+        m_i = m_new
+    if SPLIT:
+        if start < Tmax:
+            idx = qrow * NCH + c
+            tl.store(m_ptr + idx, m_i, mask=rm)
+            tl.store(l_ptr + idx, l_i, mask=rm)
+            tl.store(acc_ptr + idx[:, None] * D + d[None, :], acc, mask=rm[:, None])
+    else:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        gate = tl.load(qg_ptr + (t * H + head)[:, None] * (2 * D) + D + d[None, :],
+                       mask=rm[:, None], other=0.0)
+        o = o / (1.0 + tl.exp(-gate))
+        tl.store(out_ptr + qrow[:, None] * D + d[None, :], o, mask=rm[:, None])
+
+
+@triton.jit
+def _reduce_block_kernel(qg_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, status_ptr, H, NCH, CHUNK,
+                         D: tl.constexpr):
+    row = tl.program_id(0)                # t * H + h
+    t = row // H
+    T = tl.load(status_ptr + 2) + t + 1
+    nv = (T + CHUNK - 1) // CHUNK
+    d = tl.arange(0, D)
+    M = float("-inf")
+    for c in range(0, nv):
+        M = tl.maximum(M, tl.load(m_ptr + row * NCH + c))
+    L = 0.0
+    o = tl.zeros([D], tl.float32)
+    for c in range(0, nv):
+        w = tl.exp2(tl.load(m_ptr + row * NCH + c) - M)
+        L += tl.load(l_ptr + row * NCH + c) * w
+        o += tl.load(acc_ptr + (row * NCH + c) * D + d) * w
+    gate = tl.load(qg_ptr + row * (2 * D) + D + d)
+    tl.store(out_ptr + row * D + d, o / L / (1.0 + tl.exp(-gate)))
+
+
+def attn_block(q, kcache, vcache, qg, out, status, ws=None, n_chunks: int = 1,
+               chunk: int = 512, BT: int = 32):
+    """q [M, H, D] fp32 (normed, roped), caches [cap, Hkv, D] fp16, qg [M, H*2D] -> out [M, H, D]
+    over rows 0..status[2]+t for query t. n_chunks=1: single pass; else split-K with
+    ws = (m, l [>= M*H, NCH], acc [>= M*H, NCH, D])."""
+    M, H, D = q.shape
+    Hkv = kcache.shape[1]
+    grp = H // Hkv
+    tiles = triton.cdiv(M * grp, QR)
+    scale = LOG2E / math.sqrt(D)
+    if n_chunks <= 1:
+        _attn_block_kernel[(Hkv, tiles, 1)](q, kcache, vcache, qg, out, out, out, out, status,
+                                            Hkv, H, M, 1, 1 << 30, scale, D=D, GRP=grp, QR=QR,
+                                            BT=BT, SPLIT=False, num_warps=4)
+        return out
+    m, l, acc = ws
+    NCH = m.shape[1]
+    assert NCH >= n_chunks and m.shape[0] >= M * H
+    _attn_block_kernel[(Hkv, tiles, n_chunks)](q, kcache, vcache, qg, out, m, l, acc, status,
+                                               Hkv, H, M, NCH, chunk, scale, D=D, GRP=grp, QR=QR,
+                                               BT=BT, SPLIT=True, num_warps=4)
+    _reduce_block_kernel[(M * H,)](qg, out, m, l, acc, status, H, NCH, chunk, D=D, num_warps=2)
+    return out
+
+
+def attn_block_ref(q, kcache, vcache, qg, out, status, ws=None, n_chunks: int = 1,
+                   chunk: int = 512, BT: int = 32):
+    M, H, D = q.shape
+    p0 = int(status[2])
+    for t in range(M):
+        gate = qg[t].reshape(H, 2 * D)[:, D:]
+        T = p0 + t + 1
+        out[t].copy_(attention_f64(q[t], kcache[:T], vcache[:T], gate, dtype=q.dtype))
+    return out
+
+
+# ---- keep j of M tokens ----------------------------------------------------------------------------
+@triton.jit
+def _commit_conv_kernel(conv_ptr, rows_ptr, status_ptr, j, C, bank_stride, rows_slot_stride,
+                        KM1: tl.constexpr, BLOCK: tl.constexpr):
+    slot = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = c < C
+    a = tl.load(status_ptr).to(tl.int64)
+    src = conv_ptr + a * bank_stride + slot * (KM1 * C)
+    dst = conv_ptr + (1 - a) * bank_stride + slot * (KM1 * C)
+    ub = rows_ptr + slot.to(tl.int64) * rows_slot_stride
+    for rr in tl.static_range(0, KM1):
+        r = c * 0 + (j - KM1 + rr)        # window row after token j-1 (banks a != 1-a: no alias)
+        hs = tl.load(src + (KM1 + r) * C + c, mask=m & (r < 0), other=0.0)
+        hu = tl.load(ub + r * C + c, mask=m & (r >= 0), other=0.0)
+        tl.store(dst + rr * C + c, tl.where(r < 0, hs, hu), mask=m)
+
+
+@triton.jit
+def _commit_ssm_kernel(ssm_ptr, pos_ptr, status_ptr, n, bank_stride, pos_slot_stride, slot_elems,
+                       BLOCK: tl.constexpr):
+    slot = tl.program_id(0)
+    e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = e < n
+    a = tl.load(status_ptr).to(tl.int64)
+    v = tl.load(pos_ptr + slot.to(tl.int64) * pos_slot_stride + e, mask=m)
+    tl.store(ssm_ptr + (1 - a) * bank_stride + slot.to(tl.int64) * slot_elems + e, v, mask=m)
+
+
+@triton.jit
+def _advance_kernel(status_ptr, n_tok):
+    active = tl.load(status_ptr + 0)
+    flag = tl.load(status_ptr + 1)
+    pos = tl.load(status_ptr + 2)
+    ok = flag == 0
+    tl.store(status_ptr + 0, tl.where(ok, 1 - active, active))
+    tl.store(status_ptr + 2, tl.where(ok, pos + n_tok, pos))
+
+
+def commit_block(conv_buf, ssm_buf, conv_rows, ssm_pos, status, j: int, M: int) -> None:
+    """Keep block tokens 0..j-1: conv_rows [n_rec, >= M, C] (each layer's u rows), ssm_pos
+    [n_rec, >= M-1, Hv, S, S] (state after token t at [:, t])."""
+    n_rec, km1, C = conv_buf.shape[1:]
+    BLOCK = 512
+    _commit_conv_kernel[(n_rec, triton.cdiv(C, BLOCK))](conv_buf, conv_rows, status, int(j), C,
+                                                         conv_buf.stride(0), conv_rows.stride(0),
+                                                         KM1=km1, BLOCK=BLOCK, num_warps=4)
+    if j < M:
+        src = ssm_pos[:, j - 1]
+        n = src[0].numel()
+        B2 = 4096
+        _commit_ssm_kernel[(n_rec, triton.cdiv(n, B2))](ssm_buf, src, status, n,
+                                                        ssm_buf.stride(0), src.stride(0),
+                                                        ssm_buf.stride(1), BLOCK=B2, num_warps=8)
+    _advance_kernel[(1,)](status, int(j))
+
+
+def commit_block_ref(conv_buf, ssm_buf, conv_rows, ssm_pos, status, j: int, M: int) -> None:
+    a = int(status[0])
+    km1 = conv_buf.shape[2]
+    for s in range(conv_buf.shape[1]):
+        hist = torch.cat([conv_buf[a, s], conv_rows[s, :M]], 0)
+        conv_buf[1 - a, s].copy_(hist[j:j + km1])
+        if j < M:
+            ssm_buf[1 - a, s].copy_(ssm_pos[s, j - 1])
+    if int(status[1]) == 0:
+        status[0] = 1 - a
+        status[2] += int(j)
+
+
+__all__ = ["conv_block", "conv_block_ref", "gdn_block", "gdn_block_ref", "qk_prep_block",
+           "qk_prep_block_ref", "attn_block", "attn_block_ref", "commit_block",
+           "commit_block_ref", "QR"]

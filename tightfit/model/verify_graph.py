@@ -1,0 +1,352 @@
+"""The speculative verify block as a captured CUDA graph per (M, attention mode) (issue 10).
+
+`VerifyGraph(model, m_max)` runs a block of M <= m_max <= 16 tokens [last, d_1..d_k] through a
+tightfit.model.executor.GPUModel without committing, like BatchForward.forward_block, but the way
+the one-token step runs: every buffer is planned up front (`verify_buffers`, carved from ONE
+allocation of exactly that list), the position and the active recurrent bank are read on the
+device from the state's status word, and the pass makes no host sync, so on CUDA it is captured
+once per (M, attention mode) and state, then replayed.
+
+The pass (tightfit.kernels.block_step for the block-shaped kernels, the executor's own ops for
+the rest): embedding of the M ids from the device buffer `v_ids` (tightfit.kernels.embed, when
+the executor embeds on the device; else the host decodes the M rows into `v_x` before the replay,
+as the step's fallback does) -> 64 blocks: RMSNorm; Gated DeltaNet = 4 matrices at N = M columns
+(qkv straight into this layer's `v_conv_rows`), conv over the block from the active bank, the
+delta rule token after token (the state after token t < M-1 into `v_ssm_pos[layer, t]`, after the
+last token into the staging bank), gated norm, ssm_out; attention = 3 matrices, q/k norm + RoPE
+and K/V rows at status[2] + t, M causal queries over the cache (single pass while p0 + M <=
+attn_decode.SINGLE_PASS_MAX, else split-K), gate, attn_output; FFN -> final norm -> LM head
+[M, V] -> a finiteness check into the block's private status word `v_status` (read by the host
+after the replay: one small copy, the host needs the logits anyway).
+
+Matrices go through the GEMV route of the step (gemv_route: quantize once per (input, layout),
+`gemv_act`) with M columns; a small-path layout is used when gemv_route.act_buffers takes a
+column count (the N <= 16 path), else the matrix's v1 layout (any N <= 16).
+
+`Block.commit(j)` keeps block tokens 0..j-1 with three small launches (block_step.commit_block:
+staging bank <- conv window after token j-1 (bank rows + u rows) and SSM state v_ssm_pos[:, j-1]
+(for j < M; j = M: already there), then bank flip + position advance on the device), nothing
+re-run; the KV rows of the rejected tokens are abandoned.
+
+Not taken (BatchForward.forward_block stays eager): row-split models (host rows mid-pass), a
+quantized KV cache (no block kernels for the codes yet), a placed model (its arena has no verify
+buffers yet: the plan would have to price them), matrices on the torch reference path while
+use_triton is on. Switch: TIGHTFIT_VERIFY_GRAPH = auto (CUDA only, default) | 1 (also CPU:
+the same pass run eagerly, for tests) | 0 (off).
+
+Memory: `verify_buffers(cfg, M, ...)`; the per-position SSM states dominate: n_rec * (M-1) *
+Hv * S * S * 4 bytes (27B: 151 MB per extra token), as runtime.spec.verify.spec_state_breakdown
+prices them.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from tightfit.kernels import attn_decode as A
+from tightfit.kernels import block_step as BS
+from tightfit.plan.buffers import Buf, matrix_input, pack
+from tightfit.runtime.state import NonFiniteError, StateError
+
+MAX_M = 16
+_DT = {"f32": torch.float32, "i32": torch.int32, "i64": torch.int64, "i8": torch.int8,
+       "u8": torch.uint8}
+
+
+def enabled_for(device: torch.device) -> bool:
+    v = os.environ.get("TIGHTFIT_VERIFY_GRAPH", "auto").strip().lower()
+    if v in ("0", "off", "no", "false"):
+        return False
+    if v in ("1", "on", "yes", "true"):
+        return True
+    return torch.device(device).type == "cuda"
+
+
+def _act_buffers_take_n() -> bool:
+    from tightfit.kernels.gemv_route import act_buffers
+    try:
+        return len(inspect.signature(act_buffers).parameters) >= 3
+    except (TypeError, ValueError):
+        return False
+
+
+def block_layout(qtype: int) -> int:
+    """Activation layout of a quantized matrix in the block (M columns): the step's layout when
+    its path takes M columns (small path with a column-aware act_buffers), else v1's."""
+    from tightfit.kernels import gemv as gm
+    from tightfit.kernels.gemv_route import act_layout, is_small
+    lay = act_layout(qtype)
+    if is_small(lay) and not _act_buffers_take_n():
+        lay = int(gm.ACT_LAYOUT.get(int(qtype), 0))
+    return int(lay)
+
+
+def act_specs(layout: int, k: int, m: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """(suffix, shape, dtype) of x [m, k] quantized for `layout`."""
+    from tightfit.kernels.gemv_route import act_buffers, is_small
+    if _act_buffers_take_n():
+        return [(s, tuple(sh), dt) for s, sh, dt in act_buffers(layout, k, m)]
+    if is_small(layout) and m != 1:
+        raise ValueError(f"layout {layout}: the small GEMV path takes one column here")
+    return [(s, (m,) + tuple(sh[1:]), dt) for s, sh, dt in act_buffers(layout, k)]
+
+
+def verify_buffers(cfg: Any, m: int, ctx: int, chunk: int,
+                   layouts: dict[str, tuple[int, ...]] | None = None) -> list[Buf]:
+    """Every device buffer of the verify block for up to m tokens (carving order)."""
+    E, H, D, V = cfg.n_embd, cfg.n_head, cfg.head_dim, cfg.n_vocab
+    Hv, S = cfg.ssm_v_heads, cfg.ssm_state
+    n_rec = max(1, len(cfg.recurrent_ids))
+    b = [Buf("v_ids", (m,), "i64"), Buf("v_status", (4,), "i32")]
+    b += [Buf(f"v_{n}", (m, E)) for n in ("x", "xn", "mix", "ffo")]
+    b += [Buf("v_y", (m, cfg.conv_dim)), Buf("v_zg", (m, cfg.value_dim)), Buf("v_o", (m, Hv, S)),
+          Buf("v_on", (m, cfg.value_dim)), Buf("v_alpha", (m, Hv)), Buf("v_beta", (m, Hv)),
+          Buf("v_qg", (m, 2 * H * D)), Buf("v_kk", (m, cfg.kv_dim)), Buf("v_vv", (m, cfg.kv_dim)),
+          Buf("v_q", (m, H, D)), Buf("v_ao", (m, H * D))]
+    b += [Buf(f"v_{n}", (m, cfg.n_ff)) for n in ("g", "up", "h")]
+    b.append(Buf("v_logits", (m, V)))
+    nch = max(1, -(-int(ctx) // int(chunk)))
+    b += [Buf("v_attn_m", (m * H, nch)), Buf("v_attn_l", (m * H, nch)),
+          Buf("v_attn_acc", (m * H, nch, D))]
+    b += [Buf("v_conv_rows", (n_rec, m, cfg.conv_dim)),
+          Buf("v_ssm_pos", (n_rec, max(1, m - 1), Hv, S, S))]
+    width = {"xn": E, "on": cfg.value_dim, "ao": H * D, "h": cfg.n_ff}
+    small = False
+    from tightfit.kernels.gemv_route import is_small, split_bound
+    for inp, lays in sorted((layouts or {}).items()):
+        for lay in lays:
+            small = small or is_small(lay)
+            b += [Buf(f"v_act_{inp}_{lay}_{s}", sh, dt) for s, sh, dt in act_specs(lay, width[inp], m)]
+    if small:
+        b.append(Buf("v_gemv_part", (split_bound(m),)))
+    return b
+
+
+class _Views:
+    """The buffers of one block size M (leading-M views of the m_max buffers)."""
+
+    def __init__(self, ws: dict[str, torch.Tensor], M: int):
+        for n, t in ws.items():
+            if n.startswith("v_act_") or n in ("v_status", "v_gemv_part", "v_attn_m",
+                                              "v_attn_l", "v_attn_acc", "v_conv_rows",
+                                              "v_ssm_pos"):
+                continue
+            setattr(self, n[2:], t[:M])
+
+
+class VerifyGraph:
+    def __init__(self, model: Any, m_max: int):
+        if not 1 <= m_max <= MAX_M:
+            raise ValueError(f"verify block of {m_max} tokens: 1..{MAX_M}")
+        self.m = model
+        self.c = c = model.config
+        self.m_max = int(m_max)
+        self.layout: dict[str, int] = {}
+        layouts: dict[str, set] = {}
+        for name, L in model.lin.items():
+            if L.kind == "quant":
+                lay = block_layout(L.qtype)
+                self.layout[name] = lay
+                layouts.setdefault(matrix_input(name), set()).add(lay)
+        self.bufs = verify_buffers(c, self.m_max, model.n_ctx, model.chunk,
+                                   {k: tuple(sorted(v)) for k, v in layouts.items()})
+        offs, packed = pack(self.bufs)
+        self.region = torch.empty(packed, dtype=torch.uint8, device=model.device)   # ONE allocation
+        self.ws: dict[str, torch.Tensor] = {}
+        for bf in self.bufs:
+            t = self.region[offs[bf.name]:offs[bf.name] + bf.nbytes].view(_DT[bf.dtype]).view(bf.shape)
+            t.zero_()
+            self.ws[bf.name] = t
+        self.status = self.ws["v_status"]
+        self.conv_rows = self.ws["v_conv_rows"]
+        self.ssm_pos = self.ws["v_ssm_pos"]
+        self.attn_ws = (self.ws["v_attn_m"], self.ws["v_attn_l"], self.ws["v_attn_acc"])
+        self.part = self.ws.get("v_gemv_part")
+        self._views: dict[int, _Views] = {}
+        self._acts: dict[tuple[int, str, int], Any] = {}
+        self._graphs: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+        self.serial = 0            # passes run; a Block commits only the latest one
+        self.replays = 0           # graph replays (tests, bench)
+        t = model.use_triton
+        self.op_conv = BS.conv_block if t else BS.conv_block_ref
+        self.op_gdn = BS.gdn_block if t else BS.gdn_block_ref
+        self.op_qk = BS.qk_prep_block if t else BS.qk_prep_block_ref
+        self.op_attn = BS.attn_block if t else BS.attn_block_ref
+        self.op_commit_block = BS.commit_block if t else BS.commit_block_ref
+        self._ids_host = (torch.empty(self.m_max, dtype=torch.int64).pin_memory()
+                          if model.device.type == "cuda" else None)
+
+    def workspace_bytes(self) -> int:
+        return int(self.region.numel())
+
+    @staticmethod
+    def supports(model: Any, st: Any, n: int) -> bool:
+        """Whether the block of n tokens on this model/state can take the graph path."""
+        if not 1 <= n <= MAX_M or getattr(model, "hostw", None) or \
+                getattr(model, "placed", None) is not None or not hasattr(model, "op_norm"):
+            return False
+        if getattr(st, "kv_type", None) or getattr(model, "kv_type", None):
+            return False
+        kinds = {L.kind for L in model.lin.values()}
+        return kinds <= ({"quant", "float"} if model.use_triton else {"ref"})
+
+    # ---- buffers per M ------------------------------------------------------------------------
+    def views(self, M: int) -> _Views:
+        v = self._views.get(M)
+        if v is None:
+            v = self._views[M] = _Views(self.ws, M)
+        return v
+
+    def _act(self, M: int, inp: str, lay: int, k: int):
+        key = (M, inp, lay)
+        a = self._acts.get(key)
+        if a is None:
+            from tightfit.kernels.gemv_route import make_act
+            bufs = {}
+            for s, sh, _dt in act_specs(lay, k, M):
+                flat = self.ws[f"v_act_{inp}_{lay}_{s}"].view(-1)
+                n = int(np.prod(sh))
+                bufs[s] = flat[:n].view(sh)
+            a = self._acts[key] = make_act(lay, bufs, M, k)
+        return a
+
+    def _lin(self, x: torch.Tensor, inp: str, M: int, pairs) -> None:
+        acts: dict = {}
+        for name, out in pairs:
+            L = self.m.lin[name]
+            if L.kind == "quant":
+                from tightfit.kernels.gemv_route import gemv_act, quantize_into
+                lay = self.layout[name]
+                if lay not in acts:
+                    acts[lay] = quantize_into(x, lay, self._act(M, inp, lay, x.shape[1]))
+                gemv_act(acts[lay], L.raw, L.qtype, L.n_out, out, self.part)
+            elif L.kind == "float":
+                from tightfit.kernels import gemv as gm
+                gm.gemv(x, L.raw, L.qtype, L.n_out, L.n_in, out=out)
+            else:
+                L.ref(x, out)
+
+    # ---- the pass -----------------------------------------------------------------------------
+    def _gdn(self, il: int, st: Any, B: _Views, M: int) -> None:
+        m, c, p = self.m, self.c, f"blk.{il}."
+        v = m.vec
+        slot = st.rec_slot[il]
+        u = self.conv_rows[slot, :M]
+        self._lin(B.xn, "xn", M, [(p + "attn_qkv.weight", u), (p + "attn_gate.weight", B.zg),
+                                  (p + "ssm_beta.weight", B.beta),
+                                  (p + "ssm_alpha.weight", B.alpha)])
+        self.op_conv(u, st.conv, v[p + "ssm_conv1d.weight"], B.y, st.status, slot)
+        self.op_gdn(B.y, B.alpha, B.beta, v[p + "ssm_dt.bias"], v[p + "ssm_a"], st.ssm,
+                    self.ssm_pos[slot], B.o, st.status, slot, c.ssm_k_heads, c.rms_eps)
+        Hv, S = c.ssm_v_heads, c.ssm_state
+        m.op_gnorm(B.o, B.zg.view(M, Hv, S), v[p + "ssm_norm.weight"], c.rms_eps,
+                   B.on.view(M, Hv, S))
+        self._lin(B.on, "on", M, [(p + "ssm_out.weight", B.mix)])
+
+    def _attention(self, il: int, st: Any, B: _Views, M: int, mode: str) -> None:
+        m, c, p = self.m, self.c, f"blk.{il}."
+        v = m.vec
+        s = st.attn_slot[il]
+        H, D = c.n_head, c.head_dim
+        self._lin(B.xn, "xn", M, [(p + "attn_q.weight", B.qg), (p + "attn_k.weight", B.kk),
+                                  (p + "attn_v.weight", B.vv)])
+        self.op_qk(B.qg, B.kk, B.vv, v[p + "attn_q_norm.weight"], v[p + "attn_k_norm.weight"],
+                   m.cos, m.sin, st.k[s], st.v[s], B.q, st.status, c.rms_eps)
+        nch = 1 if mode == "single" else m.n_chunks
+        self.op_attn(B.q, st.k[s], st.v[s], B.qg, B.ao.view(M, H, D), st.status, self.attn_ws,
+                     n_chunks=nch, chunk=m.chunk)
+        self._lin(B.ao, "ao", M, [(p + "attn_output.weight", B.mix)])
+
+    def _pass(self, st: Any, M: int, mode: str) -> None:
+        m, c = self.m, self.c
+        v, eps = m.vec, c.rms_eps
+        B = self.views(M)
+        if m._embed_dev is not None:
+            raw, fn = m._embed_dev
+            fn(B.ids, raw, int(m._embd_info.qtype), c.n_embd, out=B.x)
+        self.status.zero_()
+        for il in range(c.n_layer):
+            p = f"blk.{il}."
+            m.op_norm(B.x, B.ffo if il else None, v[p + "attn_norm.weight"], eps, B.xn)
+            if c.is_recurrent(il):
+                self._gdn(il, st, B, M)
+            else:
+                self._attention(il, st, B, M, mode)
+            m.op_norm(B.x, B.mix, v[p + "post_attention_norm.weight"], eps, B.xn)
+            self._lin(B.xn, "xn", M, [(p + "ffn_gate.weight", B.g), (p + "ffn_up.weight", B.up)])
+            m.op_swiglu(B.g, B.up, B.h)
+            self._lin(B.h, "h", M, [(p + "ffn_down.weight", B.ffo)])
+        m.op_norm(B.x, B.ffo, v["output_norm.weight"], eps, B.xn)
+        self._lin(B.xn, "xn", M, [("output.weight", B.logits)])
+        m.op_commit(B.x, B.logits, self.status, 1)      # finite check: v_status[1] = 1 if not
+
+    def _graph(self, st: Any, M: int, mode: str):
+        per = self._graphs.get(st)
+        if per is None:
+            per = self._graphs[st] = {}
+        g = per.get((M, mode))
+        if g is not None:
+            return g
+        # warm-up (JIT, lazy tables) on a side stream: it writes only block buffers, the staging
+        # bank and KV rows past the committed length; st.status is only read by the pass
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._pass(st, M, mode)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self._pass(st, M, mode)
+        per[(M, mode)] = g
+        return g
+
+    def _load(self, ids: Sequence[int], B: _Views, M: int) -> None:
+        m = self.m
+        if m._embed_dev is not None:
+            if self._ids_host is None:
+                B.ids.copy_(torch.tensor(list(ids), dtype=torch.int64))
+            else:
+                self._ids_host[:M].copy_(torch.tensor(list(ids), dtype=torch.int64))
+                B.ids.copy_(self._ids_host[:M], non_blocking=True)
+            return
+        rows = torch.cat([m._host_row(int(t)).reshape(1, -1) for t in ids], 0)
+        B.x.copy_(rows.to(torch.float32))
+
+    # ---- public -------------------------------------------------------------------------------
+    def run(self, ids: Sequence[int], st: Any):
+        """One verify block (ids validated by the caller); a batch.Block whose logits / hidden
+        rows are views of the block buffers (valid until the next block of this executor)."""
+        from tightfit.model.batch import Block
+        M = len(ids)
+        if not 1 <= M <= self.m_max:
+            raise ValueError(f"block of {M} tokens on a verify graph of at most {self.m_max}")
+        mode = "single" if st.pos + M <= A.SINGLE_PASS_MAX else "split"
+        B = self.views(M)
+        with torch.no_grad():
+            if self.m.use_graphs:
+                g = self._graph(st, M, mode)
+                self._load(ids, B, M)
+                g.replay()
+                self.replays += 1
+            else:
+                self._load(ids, B, M)
+                self._pass(st, M, mode)
+        self.serial += 1
+        serial, p0 = self.serial, st.pos
+        if int(self.status[1]):                 # one small read; the host reads logits next
+            raise NonFiniteError("non-finite values in the hidden state or the logits; the "
+                                 "state was not advanced past the previous chunk")
+
+        def commit(j: int) -> None:
+            if st.pos != p0 or self.serial != serial:
+                raise StateError("the state moved (or another block ran) since this block was run")
+            with torch.no_grad():
+                self.op_commit_block(st.conv, st.ssm, self.conv_rows, self.ssm_pos, st.status,
+                                     int(j), M)
+            st.advanced(int(j))
+        return Block(B.logits, B.xn, commit)
