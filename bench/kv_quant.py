@@ -137,7 +137,7 @@ def sass_table(types: list[str], ctxs: list[int], bt: int, warps: int, stages: i
 
 
 def bench_one(kv_type: str, T: int, dev, l2: int, bt: int, warps: int, stages: int = 1,
-              chunk: int = CHUNK) -> dict:
+              chunk: int = CHUNK, backend: str | None = None) -> dict:
     gen = torch.Generator(device=dev).manual_seed(T)
     per = cache_bytes(kv_type, T)
     S = max(1, min(16, math.ceil(4 * l2 / per)))
@@ -155,7 +155,8 @@ def bench_one(kv_type: str, T: int, dev, l2: int, bt: int, warps: int, stages: i
     else:
         ws = AQ.make_workspace(kv_type, H, D, max(T, AQ.SINGLE_PASS_MAX + 1), chunk, device=dev)
         step = lambda kc, vc: AQ.attn_decode_q(q, kc, vc, qg, out, status, ws, nch, chunk,  # noqa: E731
-                                              BT=bt, num_warps=warps, num_stages=stages)
+                                              BT=bt, num_warps=warps, num_stages=stages,
+                                              backend=backend)
     err = None
     if kv_type != "f16" and T <= 32768:
         step(*layers[0])
@@ -182,7 +183,17 @@ def bench_one(kv_type: str, T: int, dev, l2: int, bt: int, warps: int, stages: i
     return {"kv_type": kv_type, "T": T, "layers_in_graph": S, "cache_bytes": per,
             "time_ms": t_ms, "GBps": per / (t_ms * 1e-3) / 1e9, "max_rel_err_vs_f64": err,
             "write_one_token_ms": w_ms, "n_chunks": nch, "chunk": chunk, "bt": bt,
-            "warps": warps, "stages": stages}
+            "warps": warps, "stages": stages, "backend": _backend_used(kv_type, backend, q, layers)}
+
+
+def _backend_used(kv_type: str, backend: str | None, q, layers) -> str:
+    if kv_type == "f16":
+        return "triton-f16"
+    if backend:
+        return backend
+    from tightfit.kernels import attn_decode_q_cuda as C
+    kf, vf = (get_format(n) for n in split_kv_type(kv_type))
+    return "cuda" if C.usable(q, kf, vf, layers[0][0].shape[1]) else "triton"
 
 
 def main() -> int:
@@ -196,6 +207,9 @@ def main() -> int:
                     help="num_stages of the attention kernel (>1 reproduces the cp.async blow-up)")
     ap.add_argument("--chunk", type=int, default=CHUNK,
                     help="split-K rows per program for the quantized types (executor: 512)")
+    ap.add_argument("--backend", default="auto", choices=("auto", "triton", "cuda"),
+                    help="quantized attention kernel: auto (CUDA C++ via cupy when usable), "
+                         "triton, cuda")
     ap.add_argument("--tag", default="", help="suffix of the jsonl name (several variants, one OUT)")
     ap.add_argument("--sass", action="store_true", help="offline SASS count + estimate, no GPU")
     a = ap.parse_args()
@@ -214,7 +228,8 @@ def main() -> int:
         for T in [int(x) for x in a.ctx.split(",")]:
             for t in a.types.split(","):
                 try:
-                    r = bench_one(t, T, dev, l2, a.bt, a.warps, a.stages, a.chunk)
+                    r = bench_one(t, T, dev, l2, a.bt, a.warps, a.stages, a.chunk,
+                                  None if a.backend == "auto" else a.backend)
                 except Exception as e:          # keep the other rows
                     r = {"kv_type": t, "T": T, "error": f"{type(e).__name__}: {e}"}
                 rows.append(r)
@@ -222,7 +237,7 @@ def main() -> int:
                 f.flush()
                 print(json.dumps(r), flush=True)
                 torch.cuda.empty_cache()
-    print(f"\nbt={a.bt} warps={a.warps} stages={a.stages} chunk={a.chunk}")
+    print(f"\nbt={a.bt} warps={a.warps} stages={a.stages} chunk={a.chunk} backend={a.backend}")
     print(f"{'type':>10} {'T':>7} {'MiB':>8} {'ms':>8} {'GB/s':>7} {'vs f16':>7} {'err':>8} {'write ms':>8}")
     base = {r["T"]: r["time_ms"] for r in rows if r.get("kv_type") == "f16" and "time_ms" in r}
     for r in rows:

@@ -42,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tightfit.kernels import attn_decode_q_cuda as C
 from tightfit.kvquant.formats import DEFAULT_SEED, get_format, rotation_matrix, split_kv_type
 
 SINGLE_PASS_MAX = 1024
@@ -303,14 +304,16 @@ def make_workspace(kv_type: str, n_head: int, head_dim: int, max_ctx: int,
 
 def attn_decode_q(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace, n_chunks: int = 1,
                   chunk: int = DEFAULT_CHUNK, BT: int = ATTN_BT, num_warps: int = ATTN_WARPS,
-                  num_stages: int = ATTN_STAGES):
+                  num_stages: int = ATTN_STAGES, backend: str | None = None):
     """q [H, D] fp32 (normed, roped), byte caches [cap, Hkv, row_bytes] of ws.kv_type, qg [H, 2D]
     -> out [H, D] = softmax(q K^T / sqrt(D)) V * sigmoid(gate) over T = status[2] + 1 rows.
     n_chunks = 1: single pass (meant for T <= SINGLE_PASS_MAX); else split-K over n_chunks
     programs per KV head (needs ws made with max_ctx > SINGLE_PASS_MAX and n_chunks <= its chunk
     count). The rows per program are chosen on the device from T (`_chunk_rows`: T / n_chunks
     rounded up to BT, at least min(chunk, MIN_CHUNK_ROWS)), so all of T is always covered and a
-    short context still spreads over all programs."""
+    short context still spreads over all programs.
+    backend: None (auto: the CUDA C++ kernel of attn_decode_q_cuda when `usable`, else Triton),
+    "triton" or "cuda" (BT / num_warps / num_stages are the Triton kernel's)."""
     H, D = q.shape
     Hkv = kcache.shape[1]
     kf, vf = (get_format(n) for n in split_kv_type(ws.kv_type))
@@ -323,7 +326,19 @@ def attn_decode_q(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace, n_
                          num_warps=4)
     meta = dict(D=D, GRP=grp, GP=GP, BT=BT, KB=kf.bits, KG=kf.group, VB=vf.bits, VG=vf.group,
                 MINR=MIN_CHUNK_ROWS, num_warps=num_warps, num_stages=num_stages)
-    if n_chunks <= 1:
+    if backend != "triton" and (backend == "cuda" or C.usable(q, kf, vf, Hkv)):
+        # CUDA C++ kernel (attn_decode_q_cuda): same partials, rows per CTA with BT = 16
+        split = n_chunks > 1
+        NCH = ws.m.shape[1] if split else 1
+        assert n_chunks <= NCH
+        o = ws.o_rot
+        C.attn(ws.q_rot, kcache, vcache, ws.kcb, ws.vcb, o, ws.m if split else o,
+               ws.l if split else o, ws.acc if split else o, status, kf, vf, grp, NCH,
+               max(1, n_chunks), chunk if split else 1 << 30, MIN_CHUNK_ROWS, scale, split)
+        if split:
+            _reduce_q_kernel[(H,)](ws.o_rot, ws.m, ws.l, ws.acc, status, NCH, n_chunks, chunk,
+                                   D=D, BT=C.TILE, MINR=MIN_CHUNK_ROWS, RC=16, num_warps=4)
+    elif n_chunks <= 1:
         o = ws.o_rot
         _attn_q_kernel[(Hkv, 1)](ws.q_rot, kcache, vcache, ws.kcb, ws.vcb, o, o, o, o, status,
                                  Hkv, 1, 1 << 30, scale, SPLIT=False, **meta)
@@ -343,7 +358,8 @@ def attn_decode_q(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace, n_
 
 def attn_decode_q_ref(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace,
                       n_chunks: int = 1, chunk: int = DEFAULT_CHUNK, BT: int = ATTN_BT,
-                      num_warps: int = ATTN_WARPS, num_stages: int = ATTN_STAGES):
+                      num_warps: int = ATTN_WARPS, num_stages: int = ATTN_STAGES,
+                      backend: str | None = None):
     """Torch version of `attn_decode_q` (same buffers, computing in fp32 on q's device)."""
     from tightfit.kvquant.reference import dequantize
     H, D = q.shape

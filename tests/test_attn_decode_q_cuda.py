@@ -1,0 +1,152 @@
+"""The CUDA C++ decode attention over the quantized cache (tightfit/kernels/cuda/attn_q.cuh),
+compiled with g++ against its SIMT emulator (tightfit/kernels/cuda/attn_q_host_emu.h: mma.sync
+fragments, shuffles and fp16 conversions emulated bit for bit, cp.async synchronous), checked
+against float64 attention over the SAME quantized bytes (attention_quant_f64), single pass and
+split-K (partials merged like attn_decode_q._reduce_q_kernel with BT = 16). No GPU needed; on a
+GPU with cupy the same cases also run through attn_decode_q (the NVRTC path).
+
+Tolerance: as tests/test_kvquant_kernel.py (TOL = 2e-3 of max |out|, ~4 fp16 unit roundoffs):
+K codes are exact in fp16 (int8, or C[idx] rounded once) with the block scale applied in fp32,
+V values are C[idx] * s rounded once to fp16 (C[idx] itself rounded first for the tq formats),
+q and p split into fp16 hi + lo."""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from tightfit.kernels import attn_decode_q as AQ
+from tightfit.kernels import attn_decode_q_cuda as C
+from tightfit.kvquant.formats import get_format, rotation_matrix, split_kv_type
+from tightfit.kvquant.reference import alloc_cache, attention_quant_f64, write_rows
+
+HERE = os.path.dirname(__file__)
+TOL = 2e-3
+CXX = shutil.which("g++")
+pytestmark = pytest.mark.skipif(CXX is None, reason="needs g++")
+
+
+def _build(tmp_root, kf, vf, D):
+    d = C.defines(kf.bits, kf.group, vf.bits, vf.group, D)
+    name = "aq_" + "_".join(f"{k}{v}" for k, v in d.items())
+    exe = os.path.join(tmp_root, name)
+    if not os.path.exists(exe):
+        cmd = [CXX, "-std=c++20", "-O1", "-pthread", "-I", C.CUDA_DIR,
+               *(f"-D{k}={v}" for k, v in d.items()),
+               os.path.join(HERE, "cuda_host", "attn_q_host.cpp"), "-o", exe]
+        subprocess.run(cmd, check=True, capture_output=True)
+    return exe
+
+
+@pytest.fixture(scope="module")
+def build_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("attn_q_host"))
+
+
+def _case(kv_type, H, Hkv, D, T, seed):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(T, Hkv, D, generator=g)
+    v = torch.randn(T, Hkv, D, generator=g)
+    k[..., 3] = k[..., 3] * 15 + 8
+    v[..., 5] *= 6
+    q = torch.randn(H, D, generator=g) * 0.5
+    qg = torch.randn(H, 2 * D, generator=g)
+    kn, vn = split_kv_type(kv_type)
+    kc, vc = alloc_cache(T + 3, Hkv, D, kn), alloc_cache(T + 3, Hkv, D, vn)
+    write_rows(kc, vc, 0, k[: T // 2], v[: T // 2], kv_type)
+    write_rows(kc, vc, T // 2, k[T // 2:], v[T // 2:], kv_type)
+    kc[T:] = 255                                  # rows past T are never read
+    vc[T:] = 255
+    ref = attention_quant_f64(q, kc, vc, T, kv_type, gate=qg[:, D:])
+    return q, kc, vc, qg, ref
+
+
+def _run_host(exe, tmp, kv_type, q, kc, vc, qg, T, n_chunks, chunk):
+    H, D = q.shape
+    Hkv = kc.shape[1]
+    kf, vf = (get_format(n) for n in split_kv_type(kv_type))
+    R = rotation_matrix(D, dtype=torch.float32)
+    q_rot = (q @ R.T if kf.rotate else q).float().contiguous()
+    ws = AQ.make_workspace(kv_type, H, D, 1)
+    os.makedirs(tmp, exist_ok=True)
+    for name, t in (("q_rot", q_rot), ("kc", kc), ("vc", vc), ("kcb", ws.kcb), ("vcb", ws.vcb),
+                    ("status", torch.tensor([0, 0, T - 1, 0], dtype=torch.int32))):
+        t.contiguous().numpy().tofile(os.path.join(tmp, name + ".bin"))
+    split = n_chunks > 1
+    nch = n_chunks if split else 1
+    scale = AQ.LOG2E / math.sqrt(D)
+    subprocess.run([exe, tmp, str(Hkv), str(H // Hkv), str(nch), str(n_chunks), str(chunk),
+                    str(AQ.MIN_CHUNK_ROWS), repr(scale), str(int(split)), "0"], check=True)
+    rd = lambda n, *s: torch.from_numpy(  # noqa: E731
+        __import__("numpy").fromfile(os.path.join(tmp, n + ".bin"), dtype="float32")).view(*s)
+    if not split:
+        o = rd("o", H, D).double()
+    else:                                          # the merge of _reduce_q_kernel, BT = 16
+        ch = -(-T // n_chunks)
+        ch = -(-ch // C.TILE) * C.TILE
+        ch = max(ch, min(chunk, AQ.MIN_CHUNK_ROWS))
+        nv = -(-T // ch)
+        m, l, a = rd("m", H, nch)[:, :nv].double(), rd("l", H, nch)[:, :nv].double(), \
+            rd("acc", H, nch, D)[:, :nv].double()
+        M = m.max(1, keepdim=True).values
+        f = torch.exp2(m - M)
+        o = (a * f[..., None]).sum(1) / (l * f).sum(1, keepdim=True)
+    if vf.rotate:
+        o = o @ R.double()
+    return o * torch.sigmoid(qg[:, D:].double())
+
+
+def _check(out, ref):
+    err = (out - ref).abs().max().item()
+    assert err <= TOL * ref.abs().max().item(), f"max err {err:.3e} vs {ref.abs().max().item():.3e}"
+    return err / ref.abs().max().item()
+
+
+CASES = [  # kv_type, H, Hkv, D, T, (n_chunks, chunk)
+    ("q8_0", 12, 2, 256, 77, (3, 16)),
+    ("tq3", 12, 2, 256, 77, (3, 16)),
+    ("tq4", 6, 1, 256, 53, (2, 16)),
+    ("tq2", 8, 1, 128, 40, (2, 16)),
+    ("q8_0+tq3", 6, 1, 256, 45, (3, 16)),
+    ("tq3_128+tq4_128", 4, 1, 256, 37, (2, 16)),
+    ("tq4+q8_0", 3, 1, 128, 70, (4, 16)),
+]
+
+
+@pytest.mark.parametrize("kv_type,H,Hkv,D,T,split", CASES)
+def test_host_emulated_kernel(build_dir, tmp_path, kv_type, H, Hkv, D, T, split):
+    kf, vf = (get_format(n) for n in split_kv_type(kv_type))
+    assert C.shape_ok(kf, vf, H, Hkv, D)
+    exe = _build(build_dir, kf, vf, D)
+    q, kc, vc, qg, ref = _case(kv_type, H, Hkv, D, T, seed=T)
+    _check(_run_host(exe, str(tmp_path / "a"), kv_type, q, kc, vc, qg, T, 1, 1 << 30), ref)
+    _check(_run_host(exe, str(tmp_path / "b"), kv_type, q, kc, vc, qg, T, *split), ref)
+
+
+def test_shape_gate():
+    f = get_format
+    assert C.shape_ok(f("tq3"), f("tq3"), 24, 4, 256)
+    assert not C.shape_ok(f("tq3"), f("tq3"), 24, 4, 64)          # head dim: Triton
+    assert not C.shape_ok(f("tq3"), f("tq3"), 36, 4, 256)         # 9 heads per KV head
+    assert not C.shape_ok(f("tq3_128"), f("tq3"), 8, 1, 128)      # 50-byte rows
+    assert C.smem_bytes(8, 32, 8, 32, 256, C.stages(8, 32, 8, 32, 256)) <= 113 << 10
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and C.available()),
+                    reason="needs a GPU and cupy")
+@pytest.mark.parametrize("kv_type", ["q8_0", "tq3", "tq4", "q8_0+tq3", "tq3_128"])
+def test_device_cuda_path(kv_type):
+    H, Hkv, D, T = 24, 4, 256, 1500
+    q, kc, vc, qg, ref = _case(kv_type, H, Hkv, D, T, seed=5)
+    ws = AQ.make_workspace(kv_type, H, D, 4096, 256, device="cuda")
+    st = torch.tensor([0, 0, T - 1], dtype=torch.int32, device="cuda")
+    a = [t.cuda() for t in (q, kc, vc, qg)]
+    for n in (1, 16):
+        out = torch.zeros(H, D, device="cuda")
+        AQ.attn_decode_q(a[0], a[1], a[2], a[3], out, st, ws, n_chunks=n, chunk=256,
+                         backend="cuda")
+        _check(out.double().cpu(), ref)

@@ -1,0 +1,352 @@
+// Decode attention over a QUANTIZED KV cache (issue 11), tensor-core version of
+// tightfit/kernels/attn_decode_q.py::_attn_q_kernel (same buffers, same split-K partials).
+//
+// Compiled at run time with NVRTC (tightfit/kernels/attn_decode_q_cuda.py) and, with TF_HOST
+// defined, by g++ against a SIMT emulator (tests/test_attn_decode_q_cuda.py) so CI can check
+// the body against the float64 reference without a GPU. Configuration by macros:
+//   HD (head dim, 128 or 256), KB/VB (code bits: 8 = q8_0, 4, 3, 2), KG/VG (values per fp16
+//   scale), NW (warps per CTA), NST (cp.async stages per warp), CPB (bytes per cp.async: 16/4).
+//
+// One CTA per (chunk, KV head); each warp takes every NW-th tile of 16 cached rows of the chunk.
+// Raw byte rows (K and V) are copied to a per-warp shared-memory ring with cp.async (NST-1 tiles
+// in flight, no registers held), then decoded straight into mma.sync m16n8k16 fragments:
+//   scores  S[8 heads x 16 rows] = Q K^T: A = q (rows 0-7 the fp16 hi part of the group's heads,
+//           rows 8-15 the lo part: one mma gives both), B = K^T decoded from the codes. Thread
+//           (g = lane/4, c = lane%4) decodes, per k-step s, dims 16s+4c..16s+4c+3 of rows g and
+//           g+8: four consecutive codes (q8_0: one int8 word; tqB: codebook lookups with PRMT
+//           on fp16 byte tables). The codes are UNSCALED (int8 / C[idx] are exact in fp16, C[idx]
+//           rounded once); each block of G dims is accumulated separately and multiplied by its
+//           fp32 scale (so K is never rounded after scaling: q8_0 scores are exact products).
+//   output  O^T[D x 8 heads] += V^T P^T: A = V^T (thread g owns dims (D/8)g .. (D/8)g+D/8-1,
+//           i.e. one norm block, and rows 2c, 2c+1, 2c+8, 2c+9: the decoded fp16 pairs are
+//           transposed 2x2 with PRMT, scaled with one fp16 multiply: C[idx] * s rounded once,
+//           as the FP16 cache / the Triton kernel round it), B = P^T straight from the score
+//           accumulators (p split into fp16 hi + lo: two mmas), fp32 accumulation.
+// Online softmax in log2 units per warp; the warps of a CTA are merged through shared memory
+// (safe max/denominator merge), then: n_chunks = 1 -> o_rot = acc / l; split-K -> (m, l, acc)
+// partials for attn_decode_q._reduce_q_kernel (rows per CTA: _chunk_rows with BT = 16).
+#ifndef TF_ATTN_Q_CUH
+#define TF_ATTN_Q_CUH
+
+#ifndef TF_HOST
+// ------------------------------------------------------------------ device (NVRTC) primitives
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+typedef long long i64;
+#define TF_DEV __device__ __forceinline__
+#define TF_NEG_INF (-__int_as_float(0x7f800000))
+TF_DEV int tf_tid() { return (int)threadIdx.x; }
+TF_DEV int tf_bx() { return (int)blockIdx.x; }
+TF_DEV int tf_by() { return (int)blockIdx.y; }
+TF_DEV u32 prmt(u32 a, u32 b, u32 s) {
+    u32 d; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s)); return d;
+}
+TF_DEV u32 f2h2(float lo, float hi) {      // {lo -> bits 0..15, hi -> bits 16..31}, RN
+    u32 d; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d;
+}
+TF_DEV u32 f2h(float x) {
+    unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x)); return h;
+}
+TF_DEV float h2f(u32 h16) {
+    float f; unsigned short h = (unsigned short)h16;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+TF_DEV u32 hmul2(u32 a, u32 b) { u32 d; asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+TF_DEV u32 hadd2(u32 a, u32 b) { u32 d; asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+TF_DEV float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+TF_DEV float shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+TF_DEV float shfl_idx(float v, int src) { return __shfl_sync(0xffffffffu, v, src); }
+TF_DEV void syncwarp() { __syncwarp(); }
+TF_DEV void syncthreads() { __syncthreads(); }
+TF_DEV void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+TF_DEV void cp_async(void* dst, const void* src, int nbytes_valid) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+#if CPB == 16
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(d), "l"(src), "r"(nbytes_valid));
+#else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(d), "l"(src), "r"(nbytes_valid));
+#endif
+}
+TF_DEV void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> TF_DEV void cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
+#define TF_SMEM_DECL extern __shared__ __align__(16) u8 tf_smem[];
+#else
+// ------------------------------------------------------------------ host (g++) SIMT emulator
+#include "attn_q_host_emu.h"
+#endif
+
+#ifndef CPB
+#define CPB 16
+#endif
+#define TF_RB(B, G) ((HD / (G)) * ((G) * (B) / 8 + 2))
+
+struct CbTab { u32 l0, l1, h0, h1, l2, l3, h2, h3; };   // fp16 low / high bytes of C[0..15]
+
+TF_DEV CbTab make_tab(const float* cb) {
+    u32 lo[4] = {0u, 0u, 0u, 0u}, hi[4] = {0u, 0u, 0u, 0u};
+    for (int i = 0; i < 16; i++) {
+        u32 h = f2h(cb[i]);
+        lo[i >> 2] |= (h & 255u) << (8 * (i & 3));
+        hi[i >> 2] |= (h >> 8) << (8 * (i & 3));
+    }
+    CbTab t;
+    t.l0 = lo[0]; t.l1 = lo[1]; t.l2 = lo[2]; t.l3 = lo[3];
+    t.h0 = hi[0]; t.h1 = hi[1]; t.h2 = hi[2]; t.h3 = hi[3];
+    return t;
+}
+
+// fp16 values (unscaled: int8 or C[idx]) of elements e..e+3 (e % 4 == 0) of a byte row:
+// o0 = {e, e+1}, o1 = {e+2, e+3}.
+template <int BITS>
+TF_DEV void dec4(const u8* row, int e, const CbTab& T, u32& o0, u32& o1) {
+    if (BITS == 8) {           // int8 -> fp16 exactly: (x ^ 0x80) | 0x6400 = 1024 + x + 128
+        u32 w = *(const u32*)(row + e) ^ 0x80808080u;
+        o0 = hadd2(prmt(w, 0x64646464u, 0x4140u), 0xE480E480u);     // - 1152
+        o1 = hadd2(prmt(w, 0x64646464u, 0x4342u), 0xE480E480u);
+        return;
+    }
+    u32 lo, hi;
+    if (BITS == 4) {           // 4 nibbles = 4 indices; two 8-entry lookups, byte select by bit 3
+        u32 w = *(const u16*)(row + e / 2);
+        u32 j = w & 0x7777u;
+        u32 s2 = 0x3210u | ((w >> 1) & 0x4444u);
+        lo = prmt(prmt(T.l0, T.l1, j), prmt(T.l2, T.l3, j), s2);
+        hi = prmt(prmt(T.h0, T.h1, j), prmt(T.h2, T.h3, j), s2);
+    } else {                   // 2-bit fields -> nibbles (+ tq3's high bit at bit 2 of each)
+        u32 x = row[e / 4];
+        u32 sl = (x | (x << 4)) & 0x0F0Fu;
+        sl = (sl | (sl << 2)) & 0x3333u;
+        if (BITS == 3) {
+            u32 y = ((u32)row[HD / 4 + e / 8] >> (e & 4)) & 0xFu;
+            u32 t = (y | (y << 6)) & 0x0303u;
+            t = (t | (t << 3)) & 0x1111u;
+            sl |= t << 2;
+        }
+        lo = prmt(T.l0, T.l1, sl);
+        hi = prmt(T.h0, T.h1, sl);
+    }
+    o0 = prmt(lo, hi, 0x5140u);
+    o1 = prmt(lo, hi, 0x7362u);
+}
+
+TF_DEV float ld_scale(const u8* row, int off) { return h2f(*(const u16*)(row + off)); }
+
+TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const float* kcb,
+                        const float* vcb, float* o, float* m_ws, float* l_ws, float* acc_ws,
+                        const int* status, int Hkv, int GRP, int NCH, int NL, int CHUNK,
+                        int MINR, float qk_scale, int split, u8* smem) {
+    constexpr int RBK = TF_RB(KB, KG), RBV = TF_RB(VB, VG);
+    constexpr int CBK = HD * KB / 8, CBV = HD * VB / 8;
+    constexpr int KS = HD / 16;                 // k-steps of the score dot / m-tiles of O^T
+    constexpr int STAGE = 16 * (RBK + RBV);
+    constexpr int VPT = HD / 8;                 // V dims per thread row group
+    const int tid = tf_tid(), lane = tid & 31, w = tid >> 5, g = lane >> 2, c = lane & 3;
+    const int chunk = tf_bx(), kvh = tf_by();
+    const int T = status[2] + 1;
+    int start = 0, end = T;
+    if (split) {
+        int ch = (T + NL - 1) / NL;
+        ch = ((ch + 15) / 16) * 16;
+        int mn = CHUNK < MINR ? CHUNK : MINR;
+        ch = ch > mn ? ch : mn;
+        start = chunk * ch;
+        end = start + ch < T ? start + ch : T;
+    }
+    const int ntiles = end > start ? (end - start + 15) / 16 : 0;
+    const int ntw = ntiles > w ? (ntiles - w + NW - 1) / NW : 0;
+
+    u32* qsm = (u32*)smem;                              // [KS][32 lanes][4] A fragments of q
+    u8* ring = smem + KS * 32 * 16;
+    for (int i = tid; i < KS * 32; i += NW * 32) {
+        int s = i >> 5, ln = i & 31, gg = ln >> 2, cc = ln & 3;
+        float v[4];
+        for (int j = 0; j < 4; j++)
+            v[j] = gg < GRP ? q_rot[(i64)(kvh * GRP + gg) * HD + 16 * s + 4 * cc + j] * qk_scale : 0.f;
+        u32 h01 = f2h2(v[0], v[1]), h23 = f2h2(v[2], v[3]);
+        qsm[4 * i + 0] = h01;
+        qsm[4 * i + 1] = f2h2(v[0] - h2f(h01 & 0xFFFFu), v[1] - h2f(h01 >> 16));
+        qsm[4 * i + 2] = h23;
+        qsm[4 * i + 3] = f2h2(v[2] - h2f(h23 & 0xFFFFu), v[3] - h2f(h23 >> 16));
+    }
+    const CbTab KT = make_tab(kcb), VT = make_tab(vcb);
+    syncthreads();
+
+    u8* wring = ring + w * NST * STAGE;
+    // issue the raw rows of this warp's tile `it` into ring slot it % NST (always commits)
+    auto issue = [&](int it) {
+        if (it < ntw) {
+            const int t0 = start + (w + it * NW) * 16;
+            u8* dst = wring + (it % NST) * STAGE;
+            constexpr int NK = RBK / CPB, NV = RBV / CPB;
+            for (int i = lane; i < 16 * NK; i += 32) {
+                int r = i / NK, k = i - r * NK, t = t0 + r;
+                bool ok = t < end;
+                const u8* src = kc + ((i64)(ok ? t : start) * Hkv + kvh) * RBK + k * CPB;
+                cp_async(dst + r * RBK + k * CPB, src, ok ? CPB : 0);
+            }
+            for (int i = lane; i < 16 * NV; i += 32) {
+                int r = i / NV, k = i - r * NV, t = t0 + r;
+                bool ok = t < end;
+                const u8* src = vc + ((i64)(ok ? t : start) * Hkv + kvh) * RBV + k * CPB;
+                cp_async(dst + 16 * RBK + r * RBV + k * CPB, src, ok ? CPB : 0);
+            }
+        }
+        cp_commit();
+    };
+    for (int p = 0; p < NST - 1; p++) issue(p);
+
+    float m_run = TF_NEG_INF, l_run = 0.f;
+    float acc[KS][4];
+    for (int i = 0; i < KS; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    const int tv0 = 2 * c, tv1 = 2 * c + 1, tv2 = 2 * c + 8, tv3 = 2 * c + 9;
+
+    for (int it = 0; it < ntw; it++) {
+        cp_wait<NST - 2>();
+        syncwarp();
+        issue(it + NST - 1);
+        const u8* kst = wring + (it % NST) * STAGE;
+        const u8* vst = kst + 16 * RBK;
+        const int t0 = start + (w + it * NW) * 16;
+        // ---- scores: per norm block, unscaled codes, then * fp32 scale
+        float S[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+        const u8* kr0 = kst + g * RBK;           // B-fragment rows: g (n-tile 0), g + 8 (1)
+        const u8* kr1 = kst + (g + 8) * RBK;
+#pragma unroll 1
+        for (int b = 0; b < HD / KG; b++) {
+            float t0a[4] = {0.f, 0.f, 0.f, 0.f}, t1a[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int h = 0; h < KG / 16; h++) {
+                const int s = b * (KG / 16) + h;
+                const u32* qa = qsm + 4 * (s * 32 + lane);
+                u32 a0 = qa[0], a1 = qa[1], a2 = qa[2], a3 = qa[3];
+                u32 k0, k1;
+                dec4<KB>(kr0, 16 * s + 4 * c, KT, k0, k1);
+                mma16816(t0a, a0, a1, a2, a3, k0, k1);
+                dec4<KB>(kr1, 16 * s + 4 * c, KT, k0, k1);
+                mma16816(t1a, a0, a1, a2, a3, k0, k1);
+            }
+            const int so = CBK + 2 * b;
+            S[0][0] += ld_scale(kst + tv0 * RBK, so) * (t0a[0] + t0a[2]);
+            S[0][1] += ld_scale(kst + tv1 * RBK, so) * (t0a[1] + t0a[3]);
+            S[1][0] += ld_scale(kst + tv2 * RBK, so) * (t1a[0] + t1a[2]);
+            S[1][1] += ld_scale(kst + tv3 * RBK, so) * (t1a[1] + t1a[3]);
+        }
+        float sc[4] = {S[0][0], S[0][1], S[1][0], S[1][1]};
+        const int tt[4] = {tv0, tv1, tv2, tv3};
+        for (int j = 0; j < 4; j++)
+            if (t0 + tt[j] >= end) sc[j] = TF_NEG_INF;
+        // ---- online softmax (head g; the 4 lanes of a quad hold its 16 rows)
+        float mx = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
+        mx = fmaxf(mx, shfl_xor(mx, 1));
+        mx = fmaxf(mx, shfl_xor(mx, 2));
+        const float m_new = fmaxf(m_run, mx);
+        float alpha = 1.f, p[4] = {0.f, 0.f, 0.f, 0.f};
+        if (m_new != TF_NEG_INF) {
+            alpha = ex2(m_run - m_new);
+            for (int j = 0; j < 4; j++) p[j] = ex2(sc[j] - m_new);
+        }
+        l_run = l_run * alpha + (p[0] + p[1]) + (p[2] + p[3]);
+        m_run = m_new;
+        const float al0 = shfl_idx(alpha, 8 * c), al1 = shfl_idx(alpha, 8 * c + 4);
+#pragma unroll
+        for (int i = 0; i < KS; i++) {
+            acc[i][0] *= al0; acc[i][1] *= al1; acc[i][2] *= al0; acc[i][3] *= al1;
+        }
+        const u32 ph0 = f2h2(p[0], p[1]), ph1 = f2h2(p[2], p[3]);
+        const u32 pl0 = f2h2(p[0] - h2f(ph0 & 0xFFFFu), p[1] - h2f(ph0 >> 16));
+        const u32 pl1 = f2h2(p[2] - h2f(ph1 & 0xFFFFu), p[3] - h2f(ph1 >> 16));
+        // ---- O^T += V^T P^T: thread row group g owns dims VPT*g .. VPT*g + VPT - 1
+        const int vso = CBV + 2 * ((VPT * g) / VG);
+        const u8* vr0 = vst + tv0 * RBV;
+        const u8* vr1 = vst + tv1 * RBV;
+        const u8* vr2 = vst + tv2 * RBV;
+        const u8* vr3 = vst + tv3 * RBV;
+        const u32 s0 = prmt(*(const u16*)(vr0 + vso), 0u, 0x1010u);
+        const u32 s1 = prmt(*(const u16*)(vr1 + vso), 0u, 0x1010u);
+        const u32 s2 = prmt(*(const u16*)(vr2 + vso), 0u, 0x1010u);
+        const u32 s3 = prmt(*(const u16*)(vr3 + vso), 0u, 0x1010u);
+#pragma unroll
+        for (int k = 0; k < VPT / 4; k++) {
+            const int e = VPT * g + 4 * k;
+            u32 x0[2], x1[2], x2[2], x3[2];
+            dec4<VB>(vr0, e, VT, x0[0], x0[1]);
+            dec4<VB>(vr1, e, VT, x1[0], x1[1]);
+            dec4<VB>(vr2, e, VT, x2[0], x2[1]);
+            dec4<VB>(vr3, e, VT, x3[0], x3[1]);
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const u32 y0 = hmul2(x0[hh], s0), y1 = hmul2(x1[hh], s1);
+                const u32 y2 = hmul2(x2[hh], s2), y3 = hmul2(x3[hh], s3);
+                const u32 a0 = prmt(y0, y1, 0x5410u), a1 = prmt(y0, y1, 0x7632u);
+                const u32 a2 = prmt(y2, y3, 0x5410u), a3 = prmt(y2, y3, 0x7632u);
+                float* ac = acc[2 * k + hh];
+                mma16816(ac, a0, a1, a2, a3, ph0, ph1);
+                mma16816(ac, a0, a1, a2, a3, pl0, pl1);
+            }
+        }
+    }
+    cp_wait<0>();
+    syncthreads();                                  // every warp done with the ring
+    // ---- merge the warps of the CTA through shared memory
+    float* cm = (float*)ring;                       // [NW][8] max
+    float* cl = cm + NW * 8;                        // [NW][8] denominators
+    float* ca = cl + NW * 8;                        // [NW][8][HD] accumulators
+    l_run += shfl_xor(l_run, 1);
+    l_run += shfl_xor(l_run, 2);
+    if (c == 0) { cm[w * 8 + g] = m_run; cl[w * 8 + g] = l_run; }
+    for (int i = 0; i < KS; i++) {
+        const int d0 = VPT * g + 2 * i;
+        float* a = ca + (i64)(w * 8 + 2 * c) * HD;
+        a[d0] = acc[i][0]; a[HD + d0] = acc[i][1]; a[d0 + 1] = acc[i][2]; a[HD + d0 + 1] = acc[i][3];
+    }
+    syncthreads();
+    if (end > start) {
+        for (int idx = tid; idx < GRP * HD; idx += NW * 32) {
+            const int h = idx / HD, d = idx - h * HD;
+            float M = TF_NEG_INF;
+            for (int ww = 0; ww < NW; ww++) M = fmaxf(M, cm[ww * 8 + h]);
+            float L = 0.f, O = 0.f;
+            for (int ww = 0; ww < NW; ww++) {
+                const float mw = cm[ww * 8 + h];
+                if (mw != TF_NEG_INF) {
+                    const float f = ex2(mw - M);
+                    L += cl[ww * 8 + h] * f;
+                    O += ca[(i64)(ww * 8 + h) * HD + d] * f;
+                }
+            }
+            const int head = kvh * GRP + h;
+            if (split) {
+                const i64 id = (i64)head * NCH + chunk;
+                if (d == 0) { m_ws[id] = M; l_ws[id] = L; }
+                acc_ws[id * HD + d] = O;
+            } else {
+                o[(i64)head * HD + d] = O / L;
+            }
+        }
+    }
+}
+
+#ifndef TF_HOST
+extern "C" __global__ void __launch_bounds__(NW * 32)
+attn_q_kernel(const float* __restrict__ q_rot, const u8* __restrict__ kc,
+              const u8* __restrict__ vc, const float* __restrict__ kcb,
+              const float* __restrict__ vcb, float* o, float* m_ws, float* l_ws, float* acc_ws,
+              const int* __restrict__ status, int Hkv, int GRP, int NCH, int CHUNK, int MINR,
+              float qk_scale, int split) {
+    TF_SMEM_DECL
+    attn_q_body(q_rot, kc, vc, kcb, vcb, o, m_ws, l_ws, acc_ws, status, Hkv, GRP, NCH,
+                (int)gridDim.x, CHUNK, MINR, qk_scale, split, tf_smem);
+}
+#endif
+
+// shared memory bytes of one CTA (host side mirrors it in attn_decode_q_cuda.smem_bytes)
+#define TF_SMEM_BYTES (HD * 32 + ((NW * NST * 16 * (TF_RB(KB, KG) + TF_RB(VB, VG))) > \
+    (NW * (64 + 32 * HD)) ? (NW * NST * 16 * (TF_RB(KB, KG) + TF_RB(VB, VG))) : (NW * (64 + 32 * HD))))
+
+#endif  // TF_ATTN_Q_CUH
