@@ -4,7 +4,8 @@
 
 Implementations (--impls): v1 (gemv_kernel.py, dp4a), v2 (gemv2.py, int8 tensor cores, raw GGUF
 blocks), v2p (v2 on the planar re-layout, gemv2_layout.relayout), v2n1 / v2n1p (v2's dp4a
-small-N path, gemv2_small.py, raw / planar; N <= 2 only, other N are skipped), e.g.
+small-N path, gemv2_small.py, raw / planar; N <= 2 only, other N are skipped), cu (CUDA C++
+kernel, gemv_cuda.py, raw blocks, every type it supports, N <= 16; config key wpr), e.g.
   python3 bench/gemv.py --out $OUT --impls v1,v2,v2n1,v2n1p --ns 1,2,8
 --configs applies to every implementation (keys R, KB, SPLIT, num_warps, U).
 (A lanes-along-K variant, "v3", was measured 1.1-2x slower on the FFN shapes and removed: bench/RESULTS.md.)
@@ -115,6 +116,9 @@ def planar_impl(impl):
 
 def skip(impl, t, n):
     """Implementations that do not run this type / column count."""
+    if impl == "cu":
+        from tightfit.kernels import gemv_cuda
+        return not gemv_cuda.supported(t)
     return (impl != "v1" and t not in V2_TYPES) or (impl.startswith("v2n1") and n > 2)
 
 
@@ -126,6 +130,11 @@ def call(impl, x, w, t, n_out, n_in, out, cfg=None):
             return gemv(x, w, t, n_out, n_in, out=out, config=cfg)
         finally:
             os.environ["TIGHTFIT_GEMV"] = "v2"
+    if impl == "cu":                # activation quantization inside, as for the others
+        from tightfit.kernels.gemv_cuda import gemv_cuda
+        from tightfit.kernels.quantize_act import quantize_act
+        cu_cfg = {"wpr": cfg["wpr"]} if cfg and "wpr" in cfg else None
+        return gemv_cuda(quantize_act(x, 0), w, t, n_out, out, config=cu_cfg)
     if impl.startswith("v2n1"):
         cfg = {**(cfg or {}), "PATH": "dp4a"}
     elif impl in ("v2", "v2p"):
@@ -162,7 +171,7 @@ def check(t, n_in, n_out, ns, gen, impls, rows=128):
     wsel = w.view(n_out, rb)[torch.from_numpy(sel).cuda()].cpu().numpy()
     res = []
     for impl in impls:
-        if impl != "v1" and t not in V2_TYPES:
+        if impl not in ("v1", "cu") and t not in V2_TYPES:
             continue
         wi = relayout_torch(w, t) if planar_impl(impl) else w
         for n in ns:
@@ -193,7 +202,7 @@ def timeit(t, n_in, n_out, ns, gen, impls, cfg=None, min_bytes=1.5e9):
     res = []
     relaid = False
     for impl in sorted(impls, key=planar_impl):     # planar ones last: they re-lay ws out
-        if impl != "v1" and t not in V2_TYPES:
+        if impl not in ("v1", "cu") and t not in V2_TYPES:
             continue
         if planar_impl(impl) and not relaid:
             ws = [relayout_torch(w, t) for w in ws]

@@ -14,6 +14,11 @@ int8 format of x it needs:
 - small-path layouts are SMALL_BASE + 10 * (scale group 16) + decode order: 100 (Q4_K, Q5_K, Q8_0:
   groups of 32), 102 (IQ4_XS: groups of 32, lookup order 2), 110 (Q6_K: groups of 16); buffers q
   int8 [1, k], xs fp32 [1, k/S], xsum fp32 [1, k/32] and a 1-byte placeholder b (gemv2_act).
+- CUDA layout 200 (CUDA_LAYOUT): the CUDA C++ kernel (gemv_cuda, NVRTC via cupy) on raw blocks,
+  taken for every type it supports when gemv_cuda.available() (cupy + CUDA, TIGHTFIT_GEMV not
+  'triton' / 'v1'); buffers are exactly layout 0's (q, d, s16; make_act gives a layout-0
+  QuantAct) with any number of columns, no split-K partials. TIGHTFIT_GEMV=triton keeps the
+  Triton routing above, v1 forces v1.
 Matrices with the same input buffer and layout share one quantized copy of x (the executor quantizes
 each (input, layout) once per step). Split-K partials of the small path go to one planned buffer
 (`split_floats` sizes it) instead of an allocation inside the captured graph.
@@ -36,6 +41,16 @@ from tightfit.kernels.quantize_act import QuantAct, quantize_act
 # 2.5 ms per token for v1's 117 calls); the small path splits K over 8 programs
 SMALL_TYPES = frozenset({23, 12, 13, 14, 8})
 SMALL_BASE = 100
+CUDA_LAYOUT = 200
+
+
+def cuda_routed(qtype: int) -> bool:
+    """Whether `qtype` matrices run on the CUDA C++ GEMV (gemv_cuda) in this process."""
+    try:
+        from tightfit.kernels import gemv_cuda as gc
+    except Exception:  # noqa: BLE001 - module import problems: Triton routing
+        return False
+    return gc.available() and gc.supported(int(qtype))
 
 
 def small_enabled() -> bool:
@@ -45,13 +60,19 @@ def small_enabled() -> bool:
 def act_layout(qtype: int) -> int:
     """The activation layout the decode step's GEMV of a `qtype` matrix reads (module docstring)."""
     t = int(qtype)
+    if cuda_routed(t):
+        return CUDA_LAYOUT
     if t in SMALL_TYPES and small_enabled():
         return SMALL_BASE + (10 if GROUP[t] == 16 else 0) + PERM_SMALL.get(t, 0)
     return int(gm.ACT_LAYOUT.get(t, 0))
 
 
 def is_small(layout: int) -> bool:
-    return int(layout) >= SMALL_BASE
+    return SMALL_BASE <= int(layout) < CUDA_LAYOUT
+
+
+def is_cuda(layout: int) -> bool:
+    return int(layout) == CUDA_LAYOUT
 
 
 def _small_params(layout: int) -> tuple[int, int]:
@@ -76,6 +97,9 @@ def make_act(layout: int, bufs: dict[str, torch.Tensor], n: int, k: int):
         nkb = k // 256
         return Act2(bufs["b"], bufs["xs"].view(nkb, 256 // S, 1), bufs["xsum"].view(nkb, 8, 1),
                     bufs["q"].view(n, k), n, k, geometry(S, n), perm)
+    if is_cuda(layout):
+        return QuantAct(bufs["q"].view(n, k), bufs["d"].view(n, k // 32),
+                        bufs["s16"].view(n, k // 16), 0, n, k)
     return QuantAct(bufs["q"], bufs["d"], bufs["s16"], int(layout), n, k)
 
 
@@ -92,12 +116,12 @@ def quantize_into(x: torch.Tensor, layout: int, act):
     if is_small(layout):
         S, perm = _small_params(layout)
         return prep_act2(x, S, perm, out=act, with_b=False)
-    return quantize_act(x, int(layout), out=act)
+    return quantize_act(x, 0 if is_cuda(layout) else int(layout), out=act)
 
 
 def split_floats(qtype: int, n_in: int, n_out: int, n: int = 1) -> int:
     """fp32 elements of split-K partials the small path needs for this matrix (0: no split)."""
-    if int(qtype) not in SMALL_TYPES or n_in % 256:
+    if int(qtype) not in SMALL_TYPES or n_in % 256 or cuda_routed(qtype):
         return 0
     cfg = pick_config_small(int(qtype), n, n_out, n_in // 256)
     return cfg["SPLIT"] * n * n_out if cfg["SPLIT"] > 1 else 0
@@ -116,8 +140,23 @@ def gemv_act(act, w: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
     if isinstance(act, Act2):
         return gemv2_prepared(act, w, int(qtype), n_out, planar=False, out=out,
                               config={"PATH": "dp4a"}, workspace=workspace)
+    if act.layout == 0 and w.is_cuda and cuda_routed(qtype):
+        from tightfit.kernels.gemv_cuda import gemv_cuda
+        return gemv_cuda(act, w, int(qtype), n_out, out)
     return gm.gemv_quantized(act, w, qtype, n_out, out=out)
 
 
-__all__ = ["SMALL_TYPES", "act_layout", "is_small", "act_buffers", "make_act", "new_act",
+def gemv_cuda_direct(x: torch.Tensor, w: torch.Tensor, qtype: int, n_out: int):
+    """Eager y [M, n_out] = x [M, n_in] . W^T on the CUDA GEMV when it serves this type (blocks of
+    M <= 16 tokens in model/batch.py), else None. Allocates its activations and output."""
+    if not (x.is_cuda and cuda_routed(qtype)) or x.shape[1] % 32:
+        return None
+    from tightfit.kernels.gemv_cuda import gemv_cuda
+    qa = quantize_act(x.to(torch.float32).contiguous(), 0)
+    out = torch.empty((x.shape[0], int(n_out)), dtype=torch.float32, device=x.device)
+    return gemv_cuda(qa, w, int(qtype), int(n_out), out)
+
+
+__all__ = ["SMALL_TYPES", "CUDA_LAYOUT", "cuda_routed", "is_cuda", "gemv_cuda_direct",
+           "act_layout", "is_small", "act_buffers", "make_act", "new_act",
            "quantize_into", "split_floats", "split_bound", "gemv_act"]

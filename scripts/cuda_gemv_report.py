@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""Registers / spills of every CUDA GEMV instantiation (nvcc -cubin -Xptxas -v, offline, no GPU).
+
+    python3 scripts/cuda_gemv_report.py [--arch sm_90] [--main-only]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tightfit.kernels.gemv_cuda import compile_report  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--main-only", action="store_true", help="leave out gemv_fmt_lowbit.cuh")
+    a = ap.parse_args()
+    rows = compile_report(a.arch, lowbit=False if a.main_only else None)
+    by = {}
+    for r in rows:
+        by.setdefault((r["format"], r["type"]), {})[r["nc"]] = r
+    ncs = sorted({r["nc"] for r in rows})
+    print(f"{'format':10s} {'type':>4s} " + " ".join(f"{'NC=' + str(n):>8s}" for n in ncs)
+          + "   (registers, *spills)")
+    bad = 0
+    for (f, t), d in sorted(by.items(), key=lambda kv: kv[0][1]):
+        cells = []
+        for n in ncs:
+            r = d.get(n)
+            if r is None:
+                cells.append(f"{'-':>8s}")
+                continue
+            sp = r["spill_stores"] + r["spill_loads"]
+            bad += sp > 0
+            cells.append(f"{r['regs']:>5d}{'*' + str(sp) if sp else '':>3s}")
+        print(f"{f:10s} {t:>4d} " + " ".join(cells))
+    print(f"{len(rows)} instantiations, {bad} with spills")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

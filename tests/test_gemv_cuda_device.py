@@ -1,0 +1,133 @@
+"""CUDA C++ GEMV (tightfit.kernels.gemv_cuda) on the device at the model's real shapes, against
+NumPy dequantization (gguf-py) + float64 matmul on sampled rows (plus the last rows: tails).
+Skipped without a CUDA device or cupy. Outputs are poisoned with NaN before every run.
+
+Bounds: vs the de-quantized int8 activations 1e-4 relative (integer dots are exact; fp32 scale
+products / summation order only), vs the float activations 2e-2.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+gguf = pytest.importorskip("gguf")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+pytest.importorskip("cupy")
+
+from gguf.quants import dequantize as gg_dequantize  # noqa: E402
+
+from tightfit.kernels import gemv_cuda as gc  # noqa: E402
+from tightfit.kernels.quantize_act import quantize_act, quantize_act_ref  # noqa: E402
+from tightfit.quant.traits import traits  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gc.available(), reason="CUDA GEMV disabled (TIGHTFIT_GEMV)")]
+
+NAMES = {8: "Q8_0", 2: "Q4_0", 6: "Q5_0", 20: "IQ4_NL", 23: "IQ4_XS", 12: "Q4_K", 13: "Q5_K",
+         14: "Q6_K"}
+TYPES = list(NAMES)
+F16_FIELDS = {8: [0], 2: [0], 6: [0], 20: [0], 23: [0], 12: [0, 2], 13: [0, 2], 14: [208]}
+SHAPES = [(5120, 17408), (17408, 5120), (5120, 1024), (5120, 48), (6144, 5120)]
+NS = [1, 2, 4, 8, 11, 16]
+
+
+def rand_weights(t, n_out, n_in, seed):
+    tr = traits(t)
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    raw = torch.randint(0, 256, (n_out * (n_in // tr.block_size), tr.type_size), dtype=torch.uint8,
+                        device="cuda", generator=g)
+    for off in F16_FIELDS[t]:
+        sc = (torch.rand(raw.shape[0], device="cuda", generator=g) * 0.009 + 0.001).half()
+        raw[:, off:off + 2] = sc.view(torch.uint8).view(-1, 2)
+    return raw.view(-1)
+
+
+def check(t, n_in, n_out, ns, seed=0):
+    w = rand_weights(t, n_out, n_in, seed)
+    rb = n_in // traits(t).block_size * traits(t).type_size
+    rng = np.random.default_rng(seed)
+    sel = np.unique(np.concatenate([rng.choice(n_out, size=min(48, n_out), replace=False),
+                                    np.arange(max(0, n_out - 3), n_out)]))
+    wsel = w.view(n_out, rb)[torch.from_numpy(sel).cuda()].cpu().numpy()
+    W = gg_dequantize(wsel, gguf.GGMLQuantizationType(t)).astype(np.float64).reshape(len(sel), n_in)
+    for n in ns:
+        x = torch.randn(n, n_in, device="cuda")
+        out = torch.full((n, n_out), float("nan"), device="cuda")
+        y = gc.gemv_cuda(quantize_act(x, 0), w, t, n_out, out).cpu().numpy()
+        assert not np.isnan(y).any(), f"{NAMES[t]} {n_in}->{n_out} N={n}: unwritten outputs"
+        xn = x.cpu().numpy()
+        q, d, _ = quantize_act_ref(xn)
+        refq = (q * d[..., None]).reshape(n, n_in) @ W.T
+        ref = xn.astype(np.float64) @ W.T
+        ys = y[:, sel]
+        eq = np.linalg.norm(ys - refq) / np.linalg.norm(refq)
+        ef = np.linalg.norm(ys - ref) / np.linalg.norm(ref)
+        what = f"{NAMES[t]} {n_in}->{n_out} N={n}"
+        assert eq < 1e-4, f"{what}: {eq:.2e} vs quantized-x reference"
+        assert ef < 2e-2, f"{what}: {ef:.2e} vs float reference"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}to{s[1]}")
+@pytest.mark.parametrize("t", TYPES, ids=NAMES.get)
+def test_device_shapes(t, shape):
+    check(t, *shape, NS, seed=t * 7 + shape[1])
+
+
+def test_device_lm_head_q6k():
+    check(14, 5120, 248320, [1, 2, 4, 8, 16], seed=3)
+
+
+@pytest.mark.parametrize("wpr", [1, 2, 4, 8])
+def test_device_wpr(wpr):
+    for t in (12, 8):
+        w = rand_weights(t, 300, 2048, wpr)
+        x = torch.randn(3, 2048, device="cuda")
+        qa = quantize_act(x, 0)
+        y0 = gc.gemv_cuda(qa, w, t, 300, torch.full((3, 300), float("nan"), device="cuda"),
+                          config={"wpr": 1})
+        y = gc.gemv_cuda(qa, w, t, 300, torch.full((3, 300), float("nan"), device="cuda"),
+                         config={"wpr": wpr})
+        torch.testing.assert_close(y, y0, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("t", [12, 14, 8], ids=NAMES.get)
+def test_cuda_graph_capture(t):
+    n_in, n_out, n = 5120, 1024, 4
+    w = rand_weights(t, n_out, n_in, 11)
+    x = torch.randn(n, n_in, device="cuda")
+    qa = quantize_act(x, 0)
+    out = torch.full((n, n_out), float("nan"), device="cuda")
+    gc.gemv_cuda(qa, w, t, n_out, out)               # warm-up: module + geometry cached
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            quantize_act(x, 0, out=qa)
+            gc.gemv_cuda(qa, w, t, n_out, out)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(2):
+        x.copy_(torch.randn(n, n_in, device="cuda"))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = gc.gemv_cuda(quantize_act(x, 0), w, t, n_out,
+                           torch.empty(n, n_out, device="cuda"))
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any()
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+def test_bad_inputs():
+    w = rand_weights(12, 8, 256, 0)
+    qa = quantize_act(torch.randn(1, 256, device="cuda"), 0)
+    with pytest.raises(ValueError):
+        gc.gemv_cuda(qa, w[:-1], 12, 8, torch.empty(1, 8, device="cuda"))
+    with pytest.raises(ValueError):
+        gc.gemv_cuda(qa, w, 12, 8, torch.empty(2, 8, device="cuda"))
+    with pytest.raises(ValueError):
+        gc.gemv_cuda(qa, w, 999, 8, torch.empty(1, 8, device="cuda"))

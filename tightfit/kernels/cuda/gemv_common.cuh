@@ -1,0 +1,184 @@
+// tightfit CUDA GEMV: common macros and shims (see CONTRACT.md).
+// Compiles under NVRTC / nvcc (__CUDACC__) and as plain host C++ (g++, for the CPU test harness).
+#pragma once
+
+#if defined(__CUDACC__)
+#define TF_DEVICE 1
+#if defined(__CUDACC_RTC__)
+// NVRTC has no system headers: fixed-width integer types by hand (LP64 device ABI).
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+#else
+#include <stdint.h>
+#endif
+#define TF_DEV __device__ __forceinline__
+#define TF_TABLE __device__ const
+#else
+#define TF_DEVICE 0
+#include <stdint.h>
+#include <string.h>
+#define TF_DEV inline
+#define TF_TABLE static const
+#endif
+
+// Alignment (bytes) the kernel and the host harness guarantee for a block of BB bytes.
+#define TF_BLK_ALIGN(BB) (((BB) & -(BB)) > 16 ? 16 : ((BB) & -(BB)))
+
+// ---------------------------------------------------------------- arithmetic
+TF_DEV int tf_dp4a(int a, int b, int c) {
+#if TF_DEVICE
+  return __dp4a(a, b, c);
+#else
+  for (int k = 0; k < 4; ++k)
+    c += (int)(int8_t)(uint8_t)((uint32_t)a >> (8 * k)) * (int)(int8_t)(uint8_t)((uint32_t)b >> (8 * k));
+  return c;
+#endif
+}
+
+// CUDA __byte_perm(a, b, s): result byte k = byte (s >> 4k) & 7 of the 8-byte value {b:a}
+// (default mode only: bit 3 of a selector nibble replicates the selected byte's sign bit).
+TF_DEV uint32_t tf_byte_perm(uint32_t a, uint32_t b, uint32_t s) {
+#if TF_DEVICE
+  return __byte_perm(a, b, s);
+#else
+  uint64_t v = ((uint64_t)b << 32) | a;
+  uint32_t r = 0;
+  for (int k = 0; k < 4; ++k) {
+    uint32_t sel = (s >> (4 * k)) & 15;
+    uint32_t byte = (uint32_t)(v >> (8 * (sel & 7))) & 0xFF;
+    if (sel & 8) byte = (byte & 0x80) ? 0xFF : 0x00;
+    r |= byte << (8 * k);
+  }
+  return r;
+#endif
+}
+
+// funnel shift right: low 32 bits of ({hi:lo} >> (sh & 31))
+TF_DEV uint32_t tf_funnel_r(uint32_t lo, uint32_t hi, uint32_t sh) {
+#if TF_DEVICE
+  return __funnelshift_r(lo, hi, sh);
+#else
+  sh &= 31;
+  return (uint32_t)(((((uint64_t)hi) << 32) | lo) >> sh);
+#endif
+}
+
+TF_DEV float tf_h2f(uint16_t h) {
+#if TF_DEVICE
+  float f;  // no <cuda_fp16.h> needed (NVRTC without include paths)
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#else
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1F;
+  uint32_t man = h & 0x3FF;
+  uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do { man <<= 1; ++e; } while (!(man & 0x400));
+      man &= 0x3FF;
+      bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (man << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+// ---------------------------------------------------------------- loads (little-endian)
+TF_DEV uint32_t tf_ld_u16(const uint8_t* p) {  // p 2-byte aligned
+#if TF_DEVICE
+  return *(const uint16_t*)p;
+#else
+  uint16_t v; memcpy(&v, p, 2); return v;
+#endif
+}
+
+TF_DEV uint32_t tf_ld_u32(const uint8_t* p) {  // p 4-byte aligned
+#if TF_DEVICE
+  return *(const uint32_t*)p;
+#else
+  uint32_t v; memcpy(&v, p, 4); return v;
+#endif
+}
+
+TF_DEV uint32_t tf_ld_u32_a2(const uint8_t* p) {  // p 2-byte aligned
+#if TF_DEVICE
+  return (uint32_t)*(const uint16_t*)p | ((uint32_t)*(const uint16_t*)(p + 2) << 16);
+#else
+  uint32_t v; memcpy(&v, p, 4); return v;
+#endif
+}
+
+// NW little-endian words from p (p aligned to ALIGN bytes; widest access the alignment allows).
+template <int ALIGN, int NW>
+TF_DEV void tf_ld_words(const uint8_t* p, uint32_t (&w)[NW]) {
+#if TF_DEVICE
+  if (ALIGN >= 16 && NW % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < NW / 4; ++i) {
+      uint4 v = ((const uint4*)p)[i];
+      w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+    }
+  } else if (ALIGN >= 8 && NW % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < NW / 2; ++i) {
+      uint2 v = ((const uint2*)p)[i];
+      w[2 * i] = v.x; w[2 * i + 1] = v.y;
+    }
+  } else if (ALIGN >= 4) {
+#pragma unroll
+    for (int i = 0; i < NW; ++i) w[i] = ((const uint32_t*)p)[i];
+  } else {
+    // 2-byte aligned: NW (+1 when p is not 4-aligned) aligned words + funnel shifts; the only
+    // bytes touched outside [p, p + 4*NW) are 2 bytes of the aligned word holding the last byte.
+    const uint32_t* a = (const uint32_t*)((uint64_t)p & ~(uint64_t)3);
+    uint32_t sh = ((uint32_t)(uint64_t)p & 3u) * 8u;
+    uint32_t t[NW + 1];
+#pragma unroll
+    for (int i = 0; i < NW; ++i) t[i] = a[i];
+    t[NW] = sh ? a[NW] : 0u;
+#pragma unroll
+    for (int i = 0; i < NW; ++i) w[i] = __funnelshift_r(t[i], t[i + 1], sh);
+  }
+#else
+  memcpy(w, p, 4 * NW);
+#endif
+}
+
+// Activation loads (xq is 16-byte aligned at every 32-group).
+TF_DEV void tf_ld_x16(const int8_t* p, uint32_t (&w)[4]) {
+#if TF_DEVICE
+  int4 v = *(const int4*)p;
+  w[0] = (uint32_t)v.x; w[1] = (uint32_t)v.y; w[2] = (uint32_t)v.z; w[3] = (uint32_t)v.w;
+#else
+  memcpy(w, p, 16);
+#endif
+}
+
+TF_DEV void tf_ld_x8(const int8_t* p, uint32_t (&w)[2]) {
+#if TF_DEVICE
+  int2 v = *(const int2*)p;
+  w[0] = (uint32_t)v.x; w[1] = (uint32_t)v.y;
+#else
+  memcpy(w, p, 8);
+#endif
+}
+
+// fp32 / int32 activation side loads
+TF_DEV float tf_ldf(const float* p) { return *p; }
+TF_DEV int tf_ldi(const int* p) { return *p; }

@@ -1,0 +1,237 @@
+"""Decode GEMV in CUDA C++ (NVRTC through cupy): y[N, n_out] = x[N, n_in] . W^T, W raw GGUF blocks.
+
+The kernel and the per-format dot products live in tightfit/kernels/cuda/*.cuh (CONTRACT.md); the
+same format code is tested on the CPU by tightfit.kernels.cuda_host. Activations are
+quantize_act's layout 0 (int8 per 32, fp32 scale, int32 16-sums). The Triton kernels stay the
+fallback: `available()` is False without cupy / CUDA or with TIGHTFIT_GEMV=triton|v1.
+
+Launch path: one module per (device, qtype) compiled at first use (cupy caches the binary on disk),
+per-shape launch geometry cached, the kernel launched on torch's current stream with raw pointers,
+so a call allocates nothing and never synchronizes (safe inside torch.cuda.graph capture once the
+module is compiled, i.e. after one warm-up call per type; `prepare()` does that explicitly).
+
+N > 8 columns: N = 16 runs the NC = 16 instantiation (weights read once); N in 9..15 runs an
+8-column launch and an (N-8)-column one (weights read twice).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from tightfit.kernels.cuda_source import format_list, formats_source, source_hash
+from tightfit.quant.traits import traits
+
+NCS = (1, 2, 3, 4, 5, 6, 7, 8, 16)
+THREADS = 256          # gemv_kernel.cuh TF_THREADS
+WARPS = THREADS // 32
+_lock = threading.Lock()
+_modules: dict[tuple[int, int], dict[int, object]] = {}
+_geom: dict[tuple, tuple] = {}
+_streams: dict[int, object] = {}
+
+
+def _mode() -> str:
+    return os.environ.get("TIGHTFIT_GEMV", "auto").strip().lower()
+
+
+@lru_cache(maxsize=1)
+def _cupy():
+    try:
+        import cupy  # noqa: F401
+        return cupy
+    except Exception:  # noqa: BLE001 - any import failure means: not available
+        return None
+
+
+def available() -> bool:
+    """cupy importable, a CUDA device present, TIGHTFIT_GEMV not forcing triton / v1."""
+    if _mode() in ("triton", "v1"):
+        return False
+    if not torch.cuda.is_available():
+        return False
+    return _cupy() is not None
+
+
+@lru_cache(maxsize=1)
+def _formats() -> dict[int, str]:
+    return {t: name for name, t in format_list()}
+
+
+def supported(qtype: int) -> bool:
+    return int(qtype) in _formats()
+
+
+@lru_cache(maxsize=None)
+def parts(qtype: int) -> int:
+    """PARTS of a format's struct (lanes per block), parsed from the source."""
+    name = _formats()[int(qtype)]
+    src = formats_source(False)
+    m = re.search(r"struct\s+" + re.escape(name) + r"\s*\{(.*?)template", src, re.S)
+    p = re.search(r"PARTS\s*=\s*(\d+)", m.group(1)) if m else None
+    if p is None:
+        raise RuntimeError(f"cannot find PARTS of {name}")
+    return int(p.group(1))
+
+
+def pick_wpr(qtype: int, n_in: int, n_out: int) -> int:
+    """Warps per row: enough warps in the grid (>= 8192, ~2 per resident slot on 132 SMs) while
+    each warp keeps >= 2 steps of 32 items (>= 1 for small matrices, which are latency-bound)."""
+    env = os.environ.get("TIGHTFIT_CU_WPR")
+    if env:
+        return int(env)
+    items = n_in // traits(qtype).block_size * parts(qtype)
+    min_steps = 2 if n_out >= 2048 else 1
+    wpr = 1
+    while wpr < WARPS and n_out * wpr < 8192 and items >= 32 * (2 * wpr) * min_steps:
+        wpr *= 2
+    return wpr
+
+
+def kernel_names(qtype: int) -> list[str]:
+    name = _formats()[int(qtype)]
+    return [f"tf_gemv<{name}, {nc}>" for nc in NCS]
+
+
+def _module(qtype: int, device: int) -> dict[int, object]:
+    key = (device, int(qtype))
+    mods = _modules.get(key)
+    if mods is not None:
+        return mods
+    with _lock:
+        mods = _modules.get(key)
+        if mods is None:
+            cp = _cupy()
+            names = kernel_names(qtype)
+            with cp.cuda.Device(device):
+                mod = cp.RawModule(code=formats_source(True), options=("-std=c++17",),
+                                   name_expressions=names)
+                mods = {nc: mod.get_function(n) for nc, n in zip(NCS, names)}
+            _modules[key] = mods
+    return mods
+
+
+def prepare(qtype: int, device=None) -> None:
+    """Compile (or load from cupy's cache) the module of `qtype` now, outside any graph capture."""
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    _module(int(qtype), dev.index if dev.index is not None else torch.cuda.current_device())
+
+
+def _stream(ptr: int, device: int):
+    s = _streams.get(ptr)
+    if s is None:
+        s = _cupy().cuda.ExternalStream(ptr, device)
+        _streams[ptr] = s
+    return s
+
+
+def _chunks(n: int) -> list[tuple[int, int]]:
+    if n <= 8 or n == 16:
+        return [(0, n)]
+    return [(0, 8), (8, n - 8)] if n <= 16 else [(c, min(8, n - c)) for c in range(0, n, 8)]
+
+
+def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
+              config: dict | None = None) -> torch.Tensor:
+    """out[N, n_out] (fp32) = x . W^T, x given as a layout-0 QuantAct (quantize_act)."""
+    qtype = int(qtype)
+    if not supported(qtype):
+        raise ValueError(f"CUDA GEMV: GGML type {qtype} not supported")
+    if getattr(act, "layout", None) != 0:
+        raise ValueError(f"CUDA GEMV needs layout-0 activations, got layout {getattr(act, 'layout', None)}")
+    n, k = int(act.n), int(act.k)
+    q, d, s16 = act.q, act.d, act.s16
+    dev = w_raw.device
+    gkey = (qtype, n, k, int(n_out), dev.index, None if config is None else tuple(sorted(config.items())))
+    g = _geom.get(gkey)
+    if g is None:
+        tr = traits(qtype)
+        if dev.type != "cuda":
+            raise ValueError("CUDA GEMV: weights are not on a CUDA device")
+        if k % tr.block_size or k % 32:
+            raise ValueError(f"CUDA GEMV: n_in={k} not a multiple of the block size {tr.block_size}")
+        if n < 1:
+            raise ValueError("CUDA GEMV: no activation columns")
+        rb = k // tr.block_size * tr.type_size
+        wpr = int((config or {}).get("wpr", 0)) or pick_wpr(qtype, k, n_out)
+        if wpr not in (1, 2, 4, 8):
+            raise ValueError(f"CUDA GEMV: wpr {wpr} not in 1, 2, 4, 8")
+        rows_per_cta = WARPS // wpr
+        grid = ((int(n_out) + rows_per_cta - 1) // rows_per_cta, 1, 1)
+        mods = _module(qtype, dev.index)
+        launches = [(mods[nc], c0, nc) for c0, nc in _chunks(n)]
+        g = (rb, grid, wpr.bit_length() - 1, launches)
+        _geom[gkey] = g
+    rb, grid, wlog, launches = g
+    if w_raw.dtype != torch.uint8 or w_raw.numel() != n_out * rb or not w_raw.is_contiguous():
+        raise ValueError(f"CUDA GEMV: weights must be contiguous uint8 with {n_out * rb} bytes, "
+                         f"got {w_raw.dtype} {tuple(w_raw.shape)}")
+    if (q.dtype != torch.int8 or q.shape != (n, k) or not q.is_contiguous()
+            or d.dtype != torch.float32 or d.numel() != n * (k // 32) or not d.is_contiguous()
+            or s16.dtype != torch.int32 or s16.numel() != n * (k // 16) or not s16.is_contiguous()):
+        raise ValueError("CUDA GEMV: activation buffers do not match QuantAct layout 0 [N, K]")
+    if (out.dtype != torch.float32 or out.numel() != n * n_out or not out.is_contiguous()
+            or out.device != dev or q.device != dev):
+        raise ValueError(f"CUDA GEMV: out must be contiguous fp32 [{n}, {n_out}] on {dev}")
+    if q.data_ptr() % 16:
+        raise ValueError("CUDA GEMV: activation q must be 16-byte aligned")
+    stream = _stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
+    pw, pq, pd, ps, py = (w_raw.data_ptr(), q.data_ptr(), d.data_ptr(), s16.data_ptr(),
+                          out.data_ptr())
+    K, N_OUT, W = np.int32(k), np.int32(n_out), np.int32(wlog)
+    with stream:
+        for fn, c0, _nc in launches:
+            fn(grid, (THREADS, 1, 1),
+               (np.uint64(pw), np.uint64(pq + c0 * k), np.uint64(pd + c0 * (k // 32) * 4),
+                np.uint64(ps + c0 * (k // 16) * 4), np.uint64(py + c0 * n_out * 4), N_OUT, K, W))
+    return out
+
+
+# ---------------------------------------------------------------- offline compile report (nvcc)
+def report_source(lowbit: bool | None = None) -> tuple[str, list[tuple[str, int, int]]]:
+    src = formats_source(True, lowbit=lowbit)
+    inst, rows = [], []
+    for name, t in format_list(src):
+        for nc in NCS:
+            inst.append(f"template __global__ void tf_gemv<{name}, {nc}>(const uint8_t*, "
+                        "const int8_t*, const float*, const int*, float*, int, int, int);\n")
+            rows.append((name, t, nc))
+    return src + "\n" + "".join(inst), rows
+
+
+def compile_report(arch: str = "sm_90", nvcc: str | None = None,
+                   lowbit: bool | None = None) -> list[dict]:
+    """Compile the kernel source with nvcc -cubin -Xptxas -v; per instantiation: format, type,
+    NC, registers, spill stores/loads (bytes), static shared memory (bytes)."""
+    nvcc = nvcc or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    src, _ = report_source(lowbit)
+    with tempfile.TemporaryDirectory() as td:
+        cu = os.path.join(td, "tf_gemv.cu")
+        with open(cu, "w") as f:
+            f.write(src)
+        r = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v", cu,
+                            "-o", os.path.join(td, "tf_gemv.cubin")], capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"nvcc failed:\n{r.stderr[-6000:]}")
+    out = []
+    types = {n: t for n, t in format_list(src)}
+    pat = re.compile(r"Compiling entry function '_Z7tf_gemvI\d+(F_\w+?)Li(\d+)E\w*'.*?"
+                     r"(\d+) bytes spill stores, (\d+) bytes spill loads.*?Used (\d+) registers"
+                     r"(?:.*?(\d+) bytes smem)?", re.S)
+    for m in pat.finditer(r.stderr + r.stdout):
+        out.append({"format": m.group(1), "type": types.get(m.group(1), -1), "nc": int(m.group(2)),
+                    "regs": int(m.group(5)), "spill_stores": int(m.group(3)),
+                    "spill_loads": int(m.group(4)), "smem": int(m.group(6) or 0)})
+    out.sort(key=lambda d: (d["type"], d["nc"]))
+    return out
+
+
+__all__ = ["available", "supported", "gemv_cuda", "prepare", "pick_wpr", "compile_report",
+           "NCS", "source_hash"]
