@@ -9,6 +9,8 @@ of Q4_K: far larger than the caches, as host rows are). GB/s is the raw matrix b
 the best wall time of `reps` GEMVs. "bw" is a numpy sum over a `--bw-gb` GB buffer (best of 3),
 i.e. what one process can read from host RAM; "of bw" is the all-thread figure over it. The host
 share of a split plan costs about host_bytes / (all-thread GB/s) per token.
+TIGHTFIT_CPU_SIMD=0 in the environment times the portable kernels instead of the AVX2 ones (A/B);
+a smaller --rows (e.g. 4096: ~11-17 MB, inside a 32 MB L3) times the kernel rather than the RAM.
 """
 from __future__ import annotations
 

@@ -153,12 +153,13 @@ def test_per_thread_scratch_rows_never_share_a_cache_line():
     the 16-thread host GEMV ran at ~2 GB/s on the device (issue 5, 8 GiB budget: 0.29 tok/s)."""
     for B, K in [(1, 5120), (3, 17408), (33, 256)]:
         s = G._scratch(B, K)
-        for name in ("buf", "mins", "fbuf", "dsc", "acc", "b64", "b8", "sc64", "sc"):
+        for name in ("buf", "mins", "fbuf", "dsc", "acc", "b64", "b8", "sc64", "sc", "ssc"):
             a = getattr(s, name)
             assert a.shape[0] == G._POOL and a.flags.c_contiguous, name
             assert a.ctypes.data % G.LINE == 0, name
             assert a.strides[0] % G.LINE == 0, name
         assert s.acc.shape[1] >= B and s.mins.shape[1] >= 16 and s.dsc.shape[1] >= 8
+        assert s.ssc.shape[1] >= 16
         assert s.b8.shape[1] == 256 and s.sc.shape[1] == 256   # two views of the same rows
         assert s.buf.shape[1] == 256 and s.fbuf.shape[1] == 256
 
@@ -185,7 +186,7 @@ def test_seed_mix_formats_take_the_parallel_kernels(monkeypatch):
     for qt in sorted(mats):
         raw = blocks(rng, names[qt], 8, 512)
         assert np.all(np.isfinite(G.gemv(raw, qt, rng.standard_normal(512).astype(np.float32))))
-    for kern in (K.gemv_int, K.gemv_iq, K.gemv_f32):
+    for kern in (K.gemv_int, K.gemv_iq, K.gemv_f32, K.gemv_simd):
         assert kern.targetoptions.get("parallel"), kern
 
 
@@ -205,3 +206,84 @@ def test_chunked_schedule_same_result_and_restored():
         np.testing.assert_array_equal(G.gemv(raw, T.IQ4_XS, x), got)
     finally:
         G.set_threads(old)
+
+
+# ---- the AVX2 kernel (gemv_simd) ------------------------------------------------------------
+SIMD_NAMES = ["IQ4_XS", "Q4_K", "Q5_K", "Q6_K"]
+needs_simd = pytest.mark.skipif(not G.SIMD, reason="no AVX2 on this host (or TIGHTFIT_CPU_SIMD=0)")
+
+
+def _int8_exact(raw, name, x, rows, k):
+    """The GEMV with x replaced by exactly what the kernels multiply: its int8 codes times the
+    per-256 scale. The integer kernels are exact on that up to the fp32 block sums."""
+    from tightfit.kernels import cpu_gemv_kern as K
+    B = x.shape[0]
+    xq, xd, xs = np.zeros((B, k), np.int8), np.zeros((B, k // 256), np.float32), \
+        np.zeros((B, k // 16), np.int32)
+    K.quantize_act(x, xq, xd, xs)
+    xdq = (xq.astype(np.float64).reshape(B, -1, 256) * xd[:, :, None]).reshape(B, k)
+    W = reference(raw, name, rows, k)
+    return xdq @ W.T, np.abs(xdq) @ np.abs(W).T + 1e-30
+
+
+@needs_simd
+@pytest.mark.parametrize("name", SIMD_NAMES)
+def test_simd_kernel_is_exact_and_agrees_with_portable(name):
+    """gemv_simd vs float64 on the int8 activations (1e-6: int32-exact sums, fp32 block
+    factors), and vs the portable numba kernels it replaces (gemv_int / gemv_iq)."""
+    from tightfit.kernels import cpu_gemv_kern as K
+    assert T[name] in G.SIMD
+    rng = np.random.default_rng(21)
+    rows, k = 45, 1280
+    raw = blocks(rng, name, rows, k)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    want, scale = _int8_exact(raw, name, x, rows, k)
+    got = G.gemv(raw, T[name], x)
+    assert np.max(np.abs(got - want) / scale) < 1e-6
+    s = G._scratch(3, k)
+    y = np.zeros((3, rows), np.float32)
+    if name == "IQ4_XS":
+        g64, m64, p16 = G._IQ[T[name]]
+        xqp = K.permute_iq4(s.xq, s.xqp)
+        K.gemv_iq(int(T[name]), raw, xqp, s.xd, y, G._F16, g64, m64, p16, s.b8, s.b64, s.sc,
+                  s.sc64, s.acc)
+    else:
+        K.gemv_int(int(T[name]), raw, s.xq, s.xd, s.xs, y, G._F16, s.buf, s.mins, s.acc)
+    np.testing.assert_allclose(got, y, rtol=1e-5, atol=1e-6 * np.abs(y).max())
+
+
+@needs_simd
+@pytest.mark.parametrize("name", SIMD_NAMES)
+def test_simd_kernel_extreme_codes_and_scales(name):
+    """No int16 saturation in vpmaddubsw / vpmaddwd: every code and sub-block scale at its
+    largest magnitude (IQ4_XS: codebook -127 at scale -32; Q6_K: code 63 at scale -128; Q4_K/Q5_K:
+    code 15/31 at scale 63, min 63), x = +-1 so every xq code is +-127 (x quantizes exactly)."""
+    rng = np.random.default_rng(22)
+    rows, k = 7, 768
+    raw = blocks(rng, name, rows, k)
+    b = raw.reshape(rows, -1, GGML_QUANT_SIZES[T[name]][1])
+    if name == "IQ4_XS":
+        b[:, :, 2:8] = 0x00                 # ls = 0: scale -32
+        b[:, :, 8:] = 0x00                  # codebook value -127 everywhere
+        b[:, 1::2, 8:] = 0xFF               # ... and +113 in every other block
+    elif name == "Q6_K":
+        b[:, :, 0:192] = 0xFF               # code 63 (value +31) everywhere
+        b[:, :, 192:208] = 0x80             # scale -128
+    else:
+        b[:, :, 4:16] = 0xFF                # every 6-bit scale and min 63
+        b[:, :, 16:] = 0xFF                 # codes 15 / 31
+    x = np.where(rng.random((2, k)) < 0.5, -1.0, 1.0).astype(np.float32)
+    x[1] = 1.0                              # all +127: the largest same-sign pair sums
+    W = reference(raw, name, rows, k)
+    want = x.astype(np.float64) @ W.T
+    got = G.gemv(raw, T[name], x)
+    scale = np.abs(x).astype(np.float64) @ np.abs(W).T + 1e-30
+    assert np.max(np.abs(got - want) / scale) < 1e-5
+
+
+def test_simd_switch_and_fallback_types():
+    """Without AVX2 the SIMD set is empty (the portable kernels run everything); with it, it is
+    exactly the four seed-mix types and every other integer type keeps its portable kernel."""
+    from tightfit.kernels import cpu_gemv_kern as K
+    assert set(K.SIMD_TYPES) == (set() if not K.HAVE_AVX2 else {T.IQ4_XS, T.Q4_K, T.Q5_K, T.Q6_K})
+    assert set(G.SIMD) <= set(K.SIMD_TYPES) <= set(K.INT_TYPES)

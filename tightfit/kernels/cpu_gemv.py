@@ -2,8 +2,10 @@
 the read-only mmap), and single-row decode for the host embedding table (seed 004 §1.1).
 
 `gemv` quantizes the activations once per call (int8, one scale per 256, spec §3.8 "Q8_K") and
-runs an integer kernel per 256-element weight block (cpu_gemv_kern.py: K-quants, IQ4_XS, IQ2/IQ3
-grids), or an fp32 kernel for the 32-element types (Q8_0, Q4_0, IQ4_NL). Parallel over output
+runs an integer kernel per 256-element weight block (cpu_gemv_kern.py: on AVX2 hosts `gemv_simd`,
+explicit vpshufb/vpmaddubsw/vpmaddwd code, for IQ4_XS, Q4_K, Q5_K, Q6_K; the portable numba
+kernels gemv_int (K-quants) and gemv_iq (IQ2/IQ3 grids) otherwise), or an fp32 kernel for the
+32-element types (Q8_0, Q4_0, IQ4_NL). Parallel over output
 rows with `set_threads(n)` threads (numba's pool); all scratch is preallocated and reused.
 Other types (and rows whose K is not a multiple of 256 for the integer types) go through the
 NumPy dequantizer `fallback_rows` rows at a time, never the whole matrix.
@@ -12,6 +14,7 @@ NumPy dequantizer `fallback_rows` rows at a time, never the whole matrix.
 """
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -171,7 +174,6 @@ def _decode_rows_native(qt, bs, ts, w, rows, out, tab, kv4):
 _POOL = numba.config.NUMBA_NUM_THREADS
 _threads = _POOL
 _KV4_16 = _KV4.astype(np.int16)
-_NOGRID = (np.zeros((1, 8), np.uint8), np.ones((1, 8), np.int16))
 
 
 def _sign_rows(n: int) -> np.ndarray:
@@ -195,6 +197,13 @@ def _grids() -> dict[int, tuple[np.ndarray, np.ndarray]]:
 _GRIDS = _grids()
 _IQ = _K.iq_tables(_GRIDS, _KV4)
 _tls = threading.local()
+#: types run by the AVX2 kernel gemv_simd (empty without AVX2, or with TIGHTFIT_CPU_SIMD=0 for A/B
+#: timing against the portable gemv_int / gemv_iq kernels)
+SIMD = _K.SIMD_TYPES if os.environ.get("TIGHTFIT_CPU_SIMD", "1") != "0" else ()
+#: gemv_simd re-decodes each block per activation row: past this batch the K-quants are faster in
+#: gemv_int (decode once, 16-bit dot per row); IQ4_XS is faster in gemv_simd at every batch
+#: (1 thread, 2048 x 5120: Q5_K B=1 7.8 vs 3.4 GB/s, B=4 1.8 vs 2.1, B=8 0.9 vs 1.4)
+SIMD_MAX_BATCH_K = 3
 
 
 #: per-thread scratch rows start on their own 128-byte boundary (two 64-byte lines: the adjacent-
@@ -232,6 +241,7 @@ class _Scratch:
         self.sc64 = per_thread(_POOL, 64, np.uint64)   # gemv_iq scales (also viewed as int16)
         self.sc = self.sc64.view(np.int16)
         self.xqp = np.zeros((B, K), np.int8)           # IQ4_XS-permuted activations
+        self.ssc = per_thread(_POOL, 16, np.int16)     # gemv_simd per-16 block scales
 
 
 def _scratch(B: int, K: int) -> _Scratch:
@@ -332,14 +342,15 @@ def _run(qtype: int, w: np.ndarray, x2: np.ndarray, y2: np.ndarray, s: _Scratch)
         _K.gemv_f32(qtype, w, x2, y2, _F16, _KV4_16, s.fbuf, s.dsc, s.acc)
     else:
         _K.quantize_act(x2, s.xq, s.xd, s.xs)
+        if qtype in SIMD and (qtype == IQ4_XS or x2.shape[0] <= SIMD_MAX_BATCH_K):
+            _K.gemv_simd(qtype, w, s.xq, s.xd, s.xs, y2, _F16, s.ssc)
+            return
         if qtype in _K.IQ_TYPES:
             g64, m64, p16 = _IQ[qtype]
             xq = _K.permute_iq4(s.xq, s.xqp) if qtype == IQ4_XS else s.xq
             _K.gemv_iq(qtype, w, xq, s.xd, y2, _F16, g64, m64, p16, s.b8, s.b64, s.sc, s.sc64, s.acc)
             return
-        grid, sgn = _GRIDS.get(qtype, _NOGRID)
-        _K.gemv_int(qtype, w, s.xq, s.xd, s.xs, y2, _F16, _KV4_16, grid, sgn, s.buf, s.mins,
-                    s.acc)
+        _K.gemv_int(qtype, w, s.xq, s.xd, s.xs, y2, _F16, s.buf, s.mins, s.acc)
 
 
 def decode_rows(w: np.ndarray, qtype: int, rows) -> np.ndarray:

@@ -170,83 +170,8 @@ def _dec_q2_k(w, buf, mins, tab):
 
 
 @njit(inline="always")
-def _dec_iq4_xs(w, buf, mins, tab, kv):
-    sh = np.int32(w[2]) | (np.int32(w[3]) << 8)
-    for j in range(8):
-        ls = ((np.int32(w[4 + j // 2]) >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)
-        s = np.int16(ls - 32)
-        for t in range(16):
-            v = w[8 + 16 * j + t]
-            buf[32 * j + t] = s * kv[v & 15]
-            buf[32 * j + 16 + t] = s * kv[v >> 4]
-    return _f16(w, 0, tab), np.float32(0.0)
-
-
-@njit(inline="always")
-def _dec_iq2_xs(w, buf, mins, tab, grid, sgn):
-    # grid (512, 8) uint8 magnitudes; sgn (128, 8) int16 +-1 of the 7-bit parity sign index
-    for j in range(8):
-        sb = np.int16(w[66 + j])
-        for l in range(4):
-            s = 2 * ((sb >> (4 * (l // 2))) & 15) + 1
-            q = np.int32(w[2 + 8 * j + 2 * l]) | (np.int32(w[3 + 8 * j + 2 * l]) << 8)
-            gi = q & 511
-            si = q >> 9
-            for t in range(8):
-                buf[32 * j + 8 * l + t] = s * np.int16(grid[gi, t]) * sgn[si, t]
-    return _f16(w, 0, tab) * np.float32(0.125), np.float32(0.0)
-
-
-@njit(inline="always")
-def _dec_iq2_s(w, buf, mins, tab, grid, sgn):
-    # grid (1024, 8) uint8; sgn (256, 8) int16 +-1 of an explicit sign byte
-    for j in range(8):
-        sb = np.int16(w[74 + j])
-        qh = np.int32(w[66 + j])
-        for l in range(4):
-            s = 2 * ((sb >> (4 * (l // 2))) & 15) + 1
-            gi = np.int32(w[2 + 4 * j + l]) | (((qh >> (2 * l)) & 3) << 8)
-            si = w[34 + 4 * j + l]
-            for t in range(8):
-                buf[32 * j + 8 * l + t] = s * np.int16(grid[gi, t]) * sgn[si, t]
-    return _f16(w, 0, tab) * np.float32(0.125), np.float32(0.0)
-
-
-@njit(inline="always")
-def _dec_iq3_xxs(w, buf, mins, tab, grid, sgn):
-    # grid (256, 4) uint8; sgn (128, 8) int16 +-1 of the 7-bit parity sign index
-    for j in range(8):
-        a = (np.int32(w[66 + 4 * j]) | (np.int32(w[67 + 4 * j]) << 8)
-             | (np.int32(w[68 + 4 * j]) << 16) | (np.int32(w[69 + 4 * j]) << 24))
-        s = np.int16(2 * ((a >> 28) & 15) + 1)
-        for l in range(4):
-            si = (a >> (7 * l)) & 127
-            g1 = w[2 + 8 * j + 2 * l]
-            g2 = w[3 + 8 * j + 2 * l]
-            for t in range(4):
-                buf[32 * j + 8 * l + t] = s * np.int16(grid[g1, t]) * sgn[si, t]
-                buf[32 * j + 8 * l + 4 + t] = s * np.int16(grid[g2, t]) * sgn[si, 4 + t]
-    return _f16(w, 0, tab) * np.float32(0.25), np.float32(0.0)
-
-
-@njit(inline="always")
-def _dec_iq3_s(w, buf, mins, tab, grid, sgn):
-    # grid (512, 4) uint8; sgn (256, 8) int16 +-1 of an explicit sign byte
-    for j in range(8):
-        s = np.int16(1 + 2 * ((np.int32(w[106 + j // 2]) >> (4 * (j % 2))) & 15))
-        qh = np.int32(w[66 + j])
-        for l in range(4):
-            g1 = np.int32(w[2 + 8 * j + 2 * l]) | (((qh >> (2 * l)) & 1) << 8)
-            g2 = np.int32(w[3 + 8 * j + 2 * l]) | (((qh >> (2 * l + 1)) & 1) << 8)
-            si = w[74 + 4 * j + l]
-            for t in range(4):
-                buf[32 * j + 8 * l + t] = s * np.int16(grid[g1, t]) * sgn[si, t]
-                buf[32 * j + 8 * l + 4 + t] = s * np.int16(grid[g2, t]) * sgn[si, 4 + t]
-    return _f16(w, 0, tab), np.float32(0.0)
-
-
-@njit(inline="always")
-def _decode(qt, w, buf, mins, tab, kv, grid, sgn):
+def _decode(qt, w, buf, mins, tab):
+    # the IQ types run in gemv_iq (and IQ4_XS also in gemv_simd): gemv_int is the K-quants only
     if qt == Q4_K:
         return _dec_q4_k(w, buf, mins, tab)
     if qt == Q5_K:
@@ -255,22 +180,12 @@ def _decode(qt, w, buf, mins, tab, kv, grid, sgn):
         return _dec_q6_k(w, buf, mins, tab)
     if qt == Q3_K:
         return _dec_q3_k(w, buf, mins, tab)
-    if qt == Q2_K:
-        return _dec_q2_k(w, buf, mins, tab)
-    if qt == IQ4_XS:
-        return _dec_iq4_xs(w, buf, mins, tab, kv)
-    if qt == IQ2_XS:
-        return _dec_iq2_xs(w, buf, mins, tab, grid, sgn)
-    if qt == IQ2_S:
-        return _dec_iq2_s(w, buf, mins, tab, grid, sgn)
-    if qt == IQ3_XXS:
-        return _dec_iq3_xxs(w, buf, mins, tab, grid, sgn)
-    return _dec_iq3_s(w, buf, mins, tab, grid, sgn)
+    return _dec_q2_k(w, buf, mins, tab)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def gemv_int(qt, w, xq, xd, xs, y, tab, kv, grid, sgn, sbuf, smin, sacc):
-    """y[b, r] = row r of the raw 256-block matrix w (M, row_bytes) times activation b.
+def gemv_int(qt, w, xq, xd, xs, y, tab, sbuf, smin, sacc):
+    """y[b, r] = row r of the raw 256-block K-quant matrix w (M, row_bytes) times activation b.
 
     xq (B, K) int8, xd (B, K/256) fp32, xs (B, K/16) int32: see the module docstring.
     sbuf (T, 256) int16, smin (T, 16) int16, sacc (T, B) fp32: per-thread scratch (T = pool size).
@@ -290,7 +205,7 @@ def gemv_int(qt, w, xq, xd, xs, y, tab, kv, grid, sgn, sbuf, smin, sacc):
         wr = w[r]
         for ib in range(nb):
             # a view of the block: its indices are then literals + loop counters, provably >= 0
-            f, dmin = _decode(qt, wr[ib * ts:ib * ts + ts], buf, mins, tab, kv, grid, sgn)
+            f, dmin = _decode(qt, wr[ib * ts:ib * ts + ts], buf, mins, tab)
             for b in range(B):
                 isum = np.int32(0)
                 for t in range(256):
@@ -412,8 +327,9 @@ def quantize_act(x, xq, xd, xs):
 
 
 # ---- IQ types: table decode into int8 codes + per-element int16 scales ------------------------
-# The grid/sign decoders above gather one int16 per element (two 2-D table reads), which LLVM
-# leaves scalar: 0.3-1 GB/s. Here each block is decoded 8 codes at a time with 64-bit words:
+# A decode of one int16 per element from the 2-D grid/sign tables (two table reads per element) is
+# left scalar by LLVM: 0.3-1 GB/s (that was gemv_int's IQ path, since removed). Here each block
+# is decoded 8 codes at a time with 64-bit words:
 #   * IQ2_XS/IQ2_S/IQ3_XXS/IQ3_S: the grid row (8 bytes, or two 4-byte rows for IQ3) is one
 #     uint64 load from `g64`; the signs are one uint64 byte mask from `m64` (0xFF = negative), and
 #     (g ^ m) + (m & 0x01..01) negates the masked bytes. Grid bytes are never 0, so no byte
@@ -582,3 +498,190 @@ def gemv_iq(qt, w, xq, xd, y, tab, g64, m64, p16, sb8, sb64, ssc, ssc64, sacc):
                 acc[b] += xd[b, ib] * (f * np.float32(isum))
         for b in range(B):
             y[b, r] = acc[b]
+
+
+# ---- AVX2 block kernels (issue 5): explicit SIMD through numba intrinsics ---------------------
+# LLVM does not vectorize the nibble -> codebook lookup of IQ4_XS (it becomes scalar table loads)
+# and widens the numba decode loops to 64-bit lanes; the host GEMV then ran at 1-2.5 GB/s per
+# core. Here each 256-element block is one integer dot product written in LLVM IR with the
+# x86 byte instructions llama.cpp's CPU path uses:
+#   codes (32 unsigned bytes per 32-run, unpacked with and/shift/or on whole vectors; IQ4_XS:
+#   vpshufb on the 16-entry codebook, then |v| and the sign moved onto x)
+#   -> vpmaddubsw(codes, xq)        16 int16 pair sums (|pair| <= 2*63*127 < 2^15: no saturation)
+#   -> vpmaddwd(pairs, scales16)    8 int32, the sub-block scale applied (and the pairs summed)
+#   -> int32 accumulate over the block, one horizontal add per block.
+# The scales come from a 16-entry int16 row (`sc`, one per 16 elements) that the numba code fills
+# per block; the sub-block minimums / Q6_K's -32 offset use the per-16 activation sums `xs`.
+# Needs AVX2 (`HAVE_AVX2`); otherwise cpu_gemv keeps gemv_int / gemv_iq.
+from llvmlite import ir as _ir
+from numba import types as _nt
+from numba.core import cgutils as _cg
+from numba.extending import intrinsic as _intrinsic
+
+
+def _host_avx2() -> bool:
+    try:
+        import llvmlite.binding as ll
+        from numba.core import config
+        if config.CPU_NAME not in (None, "host") or config.CPU_FEATURES:
+            return False    # a generic / fixed target (e.g. for a portable cache): no AVX2 IR
+        return bool(ll.get_host_cpu_features().get("avx2", False))
+    except Exception:  # pragma: no cover
+        return False
+
+
+HAVE_AVX2 = _host_avx2()
+SIMD_TYPES = (Q4_K, Q5_K, Q6_K, IQ4_XS) if HAVE_AVX2 else ()
+
+_I8, _I16, _I32, _I64 = (_ir.IntType(n) for n in (8, 16, 32, 64))
+_V16B, _V32B = _ir.VectorType(_I8, 16), _ir.VectorType(_I8, 32)
+_V16W, _V8D = _ir.VectorType(_I16, 16), _ir.VectorType(_I32, 8)
+
+
+def _splat8(v, n=32):
+    return _ir.Constant(_ir.VectorType(_I8, n), [v] * n)
+
+
+def _data(context, builder, aty, aval):
+    return context.make_array(aty)(context, builder, aval).data
+
+
+def _load(builder, p, off, vt, et=_I8):
+    """Unaligned vector load of type vt at element offset off (a Python int or an i64 value)."""
+    o = off if isinstance(off, _ir.Value) else _ir.Constant(_I64, off)
+    return builder.load(builder.gep(p, [o], source_etype=et), typ=vt, align=1)
+
+
+def _block_dot_codegen(kind):
+    """codegen of an intrinsic (blk uint8[ts], xq int8[K], xoff int64, sc int16[>=16]) -> int32:
+    sum_e code[e] * sc[e // 16] * xq[xoff + e] over the 256 elements of the block at blk[0]
+    (code = the unsigned code, or for IQ4_XS the signed codebook value)."""
+    def codegen(context, builder, sig, args):
+        blk, xq, xoff, sc = args
+        pw = _data(context, builder, sig.args[0], blk)
+        px = builder.gep(_data(context, builder, sig.args[1], xq), [xoff], source_etype=_I8)
+        ps = _data(context, builder, sig.args[3], sc)
+        mod = builder.module
+        maddubs = _cg.get_or_insert_function(mod, _ir.FunctionType(_V16W, [_V32B, _V32B]),
+                                             "llvm.x86.avx2.pmadd.ub.sw")
+        maddwd = _cg.get_or_insert_function(mod, _ir.FunctionType(_V8D, [_V16W, _V16W]),
+                                            "llvm.x86.avx2.pmadd.wd")
+        reduce = _cg.get_or_insert_function(mod, _ir.FunctionType(_I32, [_V8D]),
+                                            "llvm.vector.reduce.add.v8i32")
+        cat = _ir.Constant(_ir.VectorType(_I32, 32), list(range(32)))
+        lo8 = _ir.Constant(_ir.VectorType(_I32, 16), [0] * 8 + [1] * 8)
+
+        def scales(c):   # <16 x i16>: sc[2c] in lanes 0-7 (the run's elements 0-15), sc[2c+1] 8-15
+            two = _load(builder, ps, 2 * c, _ir.VectorType(_I16, 2), _I16)
+            return builder.shuffle_vector(two, two, lo8)
+
+        codes = []       # (chunk c, <32 x i8> codes, signed?)
+        if kind == IQ4_XS:
+            pshufb = _cg.get_or_insert_function(mod, _ir.FunctionType(_V32B, [_V32B, _V32B]),
+                                                "llvm.x86.avx2.pshuf.b")
+            kv = [int(v) for v in (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53,
+                                   69, 89, 113)]
+            tbl = _ir.Constant(_V32B, kv + kv)
+            for j in range(8):
+                q = _load(builder, pw, 8 + 16 * j, _V16B)
+                idx = builder.shuffle_vector(builder.and_(q, _splat8(15, 16)),
+                                             builder.lshr(q, _splat8(4, 16)), cat)
+                codes.append((j, builder.call(pshufb, [tbl, idx]), True))
+        elif kind in (Q4_K, Q5_K):
+            qs = 16 if kind == Q4_K else 48
+            qh = _load(builder, pw, 16, _V32B) if kind == Q5_K else None
+            for jj in range(4):
+                q = _load(builder, pw, qs + 32 * jj, _V32B)
+                for half in range(2):
+                    c = 2 * jj + half
+                    v = builder.and_(q, _splat8(15)) if half == 0 else builder.lshr(q, _splat8(4))
+                    if qh is not None:   # bit c of qh[t] is bit 4 of element 32c + t
+                        hb = builder.and_(qh, _splat8(1 << c))
+                        set_ = builder.icmp_unsigned("!=", hb, _splat8(0))
+                        v = builder.or_(v, builder.select(set_, _splat8(16), _splat8(0)))
+                    codes.append((c, v, False))
+        else:  # Q6_K: unsigned 6-bit codes, the -32 is applied by the caller
+            for h in range(2):
+                a = _load(builder, pw, 64 * h, _V32B)
+                b = _load(builder, pw, 64 * h + 32, _V32B)
+                hh = _load(builder, pw, 128 + 32 * h, _V32B)
+                for g in range(4):
+                    low = a if g % 2 == 0 else b
+                    low = builder.and_(low, _splat8(15)) if g < 2 else builder.lshr(low, _splat8(4))
+                    hi = builder.and_(builder.shl(builder.lshr(hh, _splat8(2 * g)), _splat8(4)),
+                                      _splat8(48)) if g else \
+                        builder.shl(builder.and_(hh, _splat8(3)), _splat8(4))
+                    codes.append((4 * h + g, builder.or_(low, hi), False))
+        acc = _ir.Constant(_V8D, [0] * 8)
+        zero = _splat8(0)
+        for c, v, signed in codes:
+            x = _load(builder, px, 32 * c, _V32B)
+            if signed:   # vpmaddubsw wants the weights unsigned: |v| * (sign(v) x)
+                neg = builder.icmp_signed("<", v, zero)
+                x = builder.select(neg, builder.sub(zero, x), x)
+                v = builder.select(neg, builder.sub(zero, v), v)
+            acc = builder.add(acc, builder.call(maddwd, [builder.call(maddubs, [v, x]), scales(c)]))
+        return builder.call(reduce, [acc])
+    return codegen
+
+
+def _make_block_dot(kind):
+    @_intrinsic
+    def block_dot(tyctx, blk, xq, xoff, sc):
+        return _nt.int32(blk, xq, xoff, sc), _block_dot_codegen(kind)
+    return block_dot
+
+
+_bd_iq4_xs = _make_block_dot(IQ4_XS)
+_bd_q4_k = _make_block_dot(Q4_K)
+_bd_q5_k = _make_block_dot(Q5_K)
+_bd_q6_k = _make_block_dot(Q6_K)
+
+
+@njit(inline="always")
+def _simd_block(qt, blk, xq, xoff, xs, soff, sc, tab):
+    """Fill sc with blk's per-16 scales and return blk . xq[xoff:xoff+256] / xd as fp32."""
+    if qt == IQ4_XS:
+        sh = np.int32(blk[2]) | (np.int32(blk[3]) << 8)
+        for j in range(8):
+            ls = ((np.int32(blk[4 + j // 2]) >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)
+            sc[2 * j] = ls - 32
+            sc[2 * j + 1] = ls - 32
+        return _f16(blk, 0, tab) * np.float32(_bd_iq4_xs(blk, xq, xoff, sc))
+    if qt == Q6_K:
+        off = np.int32(0)
+        for s in range(16):
+            v = np.int32(np.int8(blk[192 + s]))
+            sc[s] = v
+            off += v * xs[soff + s]
+        return _f16(blk, 208, tab) * np.float32(_bd_q6_k(blk, xq, xoff, sc) - 32 * off)
+    msum = np.int32(0)
+    for j in range(8):
+        s, m = _k4(blk, 4, j)
+        sc[2 * j] = s
+        sc[2 * j + 1] = s
+        msum += m * (xs[soff + 2 * j] + xs[soff + 2 * j + 1])
+    isum = _bd_q4_k(blk, xq, xoff, sc) if qt == Q4_K else _bd_q5_k(blk, xq, xoff, sc)
+    return _f16(blk, 0, tab) * np.float32(isum) - _f16(blk, 2, tab) * np.float32(msum)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def gemv_simd(qt, w, xq, xd, xs, y, tab, ssc):
+    """y[b, r] for SIMD_TYPES (AVX2): xq (B, K) int8, xd (B, K/256) fp32, xs (B, K/16) int32 as
+    for gemv_int; ssc (T, >= 16) int16 per-thread scale rows. The running sum is a register."""
+    M = w.shape[0]
+    B = xq.shape[0]
+    nb = xq.shape[1] // 256
+    ts = w.shape[1] // nb
+    for r in prange(M):
+        sc = ssc[numba.get_thread_id()]
+        wr = w[r]
+        for b in range(B):
+            xb = xq[b]
+            sb = xs[b]
+            acc = np.float32(0.0)
+            for ib in range(nb):
+                blk = wr[ib * ts:ib * ts + ts]
+                acc += xd[b, ib] * _simd_block(qt, blk, xb, np.int64(256 * ib), sb, 16 * ib, sc,
+                                               tab)
+            y[b, r] = acc
