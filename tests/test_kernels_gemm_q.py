@@ -159,3 +159,75 @@ def test_errors():
         gemm_q(x, torch.zeros(10 * 160, dtype=torch.uint8), 3, 10, 256, mode="fused")  # Q4_1
     with pytest.raises(ValueError):
         gemm_q(x, w, 23, 10, 256, mode="nope")
+
+
+LARGE_TILE_CASES = ([(t, 1, 1) for t in SEED_MIX] + [(t, 0, 1) for t in (23, 14, 17)]
+                    + [(t, 1, 0) for t in (13, 22)])
+
+
+@interp
+@pytest.mark.parametrize("t,swap,mfast", LARGE_TILE_CASES)
+def test_fused_kernel_large_tile_variants(t, swap, mfast):
+    """The large-M variants of the fused kernel (bench/gemm_sweep.py's candidates): W as the
+    register A operand (SWAP, transposed store), token tiles fastest (MFAST), partial tiles in
+    both dimensions (M = 40 of BM = 32, 40 rows of BN = 32), out a column slice of a wider
+    buffer (as the batched forward passes it)."""
+    rng = np.random.default_rng(77 * t + 3 * swap + mfast)
+    n_out, n_in, M = 40, 512, 40
+    w = rand_w(rng, t, n_out, n_in)
+    x = rng.standard_normal((M, n_in)).astype(np.float32)
+    buf = torch.full((M, n_out + 8), float("nan"))
+    cfg = {"BM": 32, "BN": 32, "num_warps": 4, "num_stages": 2, "SWAP": swap, "MFAST": mfast}
+    gemm_q(torch.from_numpy(x), torch.from_numpy(w.reshape(-1).copy()), t, n_out, n_in,
+           out=buf[:, 4:4 + n_out], mode="fused", config=cfg)
+    y = buf.numpy()
+    assert np.isnan(y[:, :4]).all() and np.isnan(y[:, 4 + n_out:]).all(), "wrote outside out"
+    y = y[:, 4:4 + n_out]
+    assert not np.isnan(y).any(), "unwritten outputs"
+    assert rel(y, bf16_ref(x, w, t, n_out, n_in)) < 1e-5
+
+
+def test_fused_config_table(monkeypatch, tmp_path):
+    """Large-M tiles come from TIGHTFIT_GEMM_CONFIGS (bench/gemm_sweep.py's JSON), then CONFIGS;
+    small M keeps the small-M tile; "mode": "fused" routes large M to the fused kernel."""
+    import json
+    from tightfit.kernels import gemm_q as G
+    small = G.fused_config(23, 16, 17408, 5120)
+    assert small["BM"] == 16 and small["MFAST"] == 0
+    assert G.shape_class(17408, 5120) == "wide" and G.shape_class(5120, 17408) == "down"
+    assert G.shape_class(1024, 5120) == "small" and G.shape_class(248320, 5120) == "head"
+    f = tmp_path / "best.json"
+    f.write_text(json.dumps({"best": {"23": {"wide": {"BM": 128, "BN": 64, "num_warps": 8,
+                                                      "num_stages": 2, "SWAP": 1, "MFAST": 1,
+                                                      "mode": "fused"}}}}))
+    monkeypatch.setenv("TIGHTFIT_GEMM_CONFIGS", str(f))
+    monkeypatch.setattr(G, "_ENV_CONFIGS", None)
+    c = G.fused_config(23, 1024, 17408, 5120)
+    assert c["BM"] == 128 and c["SWAP"] == 1 and c["mode"] == "fused"
+    base = {"num_stages": 2, "SWAP": 0, "MFAST": 1, "HALF": 0}
+    assert G.fused_config(23, 1024, 5120, 17408) == {**base, **G.CONFIGS[(23, "*")]}
+    assert G.fused_config(14, 1024, 5120, 17408) == {**base, **G.CONFIGS[("*", "*")]}
+    cuda = torch.device("cuda")
+    assert G.pick_mode(23, 1024, 5120, cuda, 17408) == "fused"
+    assert G.pick_mode(23, 1024, 17408, cuda, 5120) == "dequant"
+    assert G.pick_mode(23, 16, 17408, cuda, 5120) == "fused"
+
+
+@interp
+@pytest.mark.parametrize("t", [23, 12, 13])
+@pytest.mark.parametrize("swap", [0, 1])
+def test_fused_kernel_half_blocks(t, swap):
+    """HALF: K steps of half a GGUF block (gemm_q_decode.decode_half, IQ4_XS / Q4_K / Q5_K):
+    the same bf16 W values as the whole-block decoder, so the same bound."""
+    rng = np.random.default_rng(500 + t + swap)
+    n_out, n_in, M = 40, 768, 33
+    w = rand_w(rng, t, n_out, n_in)
+    x = rng.standard_normal((M, n_in)).astype(np.float32)
+    out = torch.full((M, n_out), float("nan"))
+    cfg = {"BM": 32, "BN": 32, "num_warps": 4, "num_stages": 2, "SWAP": swap, "MFAST": 1,
+           "HALF": 1}
+    y = gemm_q(torch.from_numpy(x), torch.from_numpy(w.reshape(-1).copy()), t, n_out, n_in,
+               out=out, mode="fused", config=cfg).numpy()
+    assert not np.isnan(y).any(), "unwritten outputs"
+    assert rel(y, bf16_ref(x, w, t, n_out, n_in)) < 1e-5
+

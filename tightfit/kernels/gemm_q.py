@@ -16,15 +16,23 @@ Two GPU paths (`gemm_q(..., mode=)`):
   other format or n_in % 256 != 0), then torch.mm (cuBLAS) with fp32 output. The decode reads
   the weights once per chunk call; at M >= 256 the matmul dominates.
 
-Tile config (`fused_config`): BN = 64 rows x BM = 16/32/64 tokens, 8 warps, the Q4_K choice that
-measured 128 TFLOP/s at M = 512 on the H200 (bench/RESULTS.md). IQ4_XS with the same tile gave 24:
-the cause was not the tile but its x loads (the old decoder emitted lookup order, so x was gathered
-per element with scalar 2-byte loads, 64 per thread per K step); its element-order decoder now
-costs ~4 ALU ops per word more than Q4_K's nibble split and no gather, so it takes Q4_K's tile.
-The grid formats build their tile from table words, bytes and sign bits (several [BN, 256] int32
-temporaries besides the fp32 tile): BN = 32 halves their registers per thread (unmeasured choice;
-`config=` overrides, bench/prefill.py reports TFLOP/s per format). The byte-gather formats
-(gemm_q_decode.GATHER_TYPES) take BN = 32 too.
+Tile config (`fused_config`). M <= FUSED_MAX_M: BN = 64 rows x BM = 16/32/64 tokens, 8 warps,
+3 stages, the Q4_K choice that measured 128 TFLOP/s at M = 512 on the H200 (bench/RESULTS.md); the
+grid formats (several [BN, 256] int32 temporaries) and the byte-gather formats take BN = 32.
+Larger M (prefill chunks): `CONFIGS` / TIGHTFIT_GEMM_CONFIGS per (format, shape class), from
+bench/gemm_sweep.py; an entry with "mode": "fused" sends M > FUSED_MAX_M to this kernel instead
+of the dequant path. The knobs (`config=` overrides any of them):
+  BM, BN      tokens x W rows per program; the decode of a W tile is reused over BM tokens;
+  num_warps, num_stages   (the X tile [BM, K step] bf16 is cp.async-pipelined in shared memory:
+              num_stages x BM x 512 bytes at whole-block steps);
+  SWAP        acc^T = W . X^T, W the register A operand of wgmma (else W goes to shared memory
+              as the B operand); ptxas serializes register-A wgmmas (a wait after each);
+  MFAST       token tiles of one W tile are consecutive programs (W read once from DRAM, X in L2);
+  HALF        K steps of half a block (gemm_q_decode.decode_half: IQ4_XS, Q4_K, Q5_K; ignored for
+              the others): the X stage is [BM, 128], so BM = 128 fits two programs per SM.
+Offline SASS (sm_90a, Triton 3.6): every tile compiles to HGMMA (wgmma, A and B from shared
+memory unless SWAP); the loop is decode -> STS -> bar -> 16 HGMMA -> wait 0, i.e. decode and MMA
+of one program do not overlap: the overlap comes from 2-3 programs per SM (<= ~113 KB shared).
 
 Scratch (the planner's prefill scratch line): `scratch_bytes` (default DEFAULT_SCRATCH = 64 MiB)
 of bf16 per call for the dequant path; chunk_rows = scratch_bytes / (2 n_in). The torch decoders
@@ -45,8 +53,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tightfit.kernels.gemm_q_decode import (DECODE_TYPES, GATHER_TYPES, TILE_BYTES, decode_tile,
-                                            grid_tables)
+from tightfit.kernels.gemm_q_decode import (DECODE_TYPES, GATHER_TYPES, HALF_TYPES, TILE_BYTES,
+                                            decode_half, decode_tile, grid_tables)
 from tightfit.kernels.gemm_q_torch import FLOAT_VIEWS, dequant_rows, decode_temp_factor
 
 # IQ4_XS, Q4_K, Q5_K, Q6_K, Q3_K, Q8_0, IQ4_NL, Q2_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
@@ -76,26 +84,61 @@ def _bf16(x, EMU: tl.constexpr):
 @triton.jit
 def _gemm_fused_kernel(x_ptr, w_ptr, tg, out_ptr, M, N, NB, sxm, som,
                        FMT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       SWAP: tl.constexpr, MFAST: tl.constexpr, HALF: tl.constexpr,
                        EMU: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    """One program: BN rows of W x BM tokens, K in steps of one 256-element GGUF block (HALF:
+    of half a block, gemm_q_decode.decode_half, so the pipelined X tile is [BM, 128]).
+    SWAP: acc^T [BN, BM] = W . X^T (the decoded W is the register A operand of the MMA, X^T the
+    shared-memory B operand); else acc [BM, BN] = X . W^T (W goes through shared memory as the B
+    operand). MFAST: the token tiles of one W tile are consecutive programs (they run together
+    and share the W tile through L2; X, M x n_in bf16, stays in L2), else the W tiles of one
+    token tile are (the old order)."""
+    KS: tl.constexpr = 128 if HALF else 256
+    KPB: tl.constexpr = 2 if HALF else 1                  # K steps per GGUF block
+    pid = tl.program_id(0)
+    if MFAST:
+        n_m = tl.cdiv(M, BM)
+        pid_m = pid % n_m
+        pid_n = pid // n_m
+    else:
+        n_n = tl.cdiv(N, BN)
+        pid_n = pid % n_n
+        pid_m = pid // n_n
     rows = pid_n * BN + tl.arange(0, BN)
     rmask = (rows < N)[:, None]
     toks = pid_m * BM + tl.arange(0, BM)
     tmask = (toks < M)[:, None]
-    col = tl.arange(0, 256)[None, :]
+    col = tl.arange(0, KS)[None, :]
     xrow = x_ptr + toks.to(tl.int64)[:, None] * sxm
-    acc = tl.zeros([BM, BN], tl.float32)
-    for kb in range(NB):
-        blk = (rows.to(tl.int64) * NB + kb)[:, None]
-        W = _bf16(decode_tile(w_ptr, blk, rmask, tg, FMT, EMU), EMU)     # [BN, 256]
-        X = tl.load(xrow + kb * 256 + col, mask=tmask, other=0.0)        # [BM, 256] bf16
-        if EMU:   # the interpreter's bf16 dot is wrong: same bf16 values, exact fp32 products
-            acc = tl.dot(X.to(tl.float32), tl.trans(W.to(tl.float32)), acc)
+    rblk = rows.to(tl.int64) * NB
+    if SWAP:
+        acc = tl.zeros([BN, BM], tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], tl.float32)
+    for ks in range(NB * KPB):
+        if HALF:
+            blk = (rblk + ks // 2)[:, None]
+            W = _bf16(decode_half(w_ptr, blk, ks % 2, rmask, FMT, EMU), EMU)   # [BN, 128]
         else:
-            acc = tl.dot(X, tl.trans(W), acc)
-    omask = tmask & (rows < N)[None, :]
-    tl.store(out_ptr + toks.to(tl.int64)[:, None] * som + rows[None, :], acc, mask=omask)
+            blk = (rblk + ks)[:, None]
+            W = _bf16(decode_tile(w_ptr, blk, rmask, tg, FMT, EMU), EMU)       # [BN, 256]
+        X = tl.load(xrow + ks * KS + col, mask=tmask, other=0.0)               # [BM, KS] bf16
+        if EMU:   # the interpreter's bf16 dot is wrong: same bf16 values, exact fp32 products
+            if SWAP:
+                acc = tl.dot(W.to(tl.float32), tl.trans(X.to(tl.float32)), acc)
+            else:
+                acc = tl.dot(X.to(tl.float32), tl.trans(W.to(tl.float32)), acc)
+        else:
+            if SWAP:
+                acc = tl.dot(W, tl.trans(X), acc)
+            else:
+                acc = tl.dot(X, tl.trans(W), acc)
+    if SWAP:
+        omask = (rows < N)[:, None] & (toks < M)[None, :]
+        tl.store(out_ptr + toks.to(tl.int64)[None, :] * som + rows[:, None], acc, mask=omask)
+    else:
+        omask = tmask & (rows < N)[None, :]
+        tl.store(out_ptr + toks.to(tl.int64)[:, None] * som + rows[None, :], acc, mask=omask)
 
 
 @triton.jit
@@ -161,14 +204,84 @@ def _mm_f32(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     return torch.mm(a.float(), b_t.float().t())
 
 
-def fused_config(qtype: int, m: int) -> dict:
-    """Tile of the fused kernel for M = m tokens (module docstring)."""
-    grid = int(qtype) in (16, 17, 18, 21, 22) or int(qtype) in GATHER_TYPES
-    return {"BM": 64 if m > 32 else (32 if m > 16 else 16), "BN": 32 if grid else 64,
-            "num_warps": 8}
+#: keys of a fused-kernel config; values of the launch besides the tile: num_warps, num_stages
+CONFIG_KEYS = ("BM", "BN", "num_warps", "num_stages", "SWAP", "MFAST", "HALF", "maxnreg")
+
+#: Large-M tile (M > FUSED_MAX_M, or any M with a (format, class) entry) per (format, shape
+#: class), "*" = any; TIGHTFIT_GEMM_CONFIGS (bench/gemm_sweep.py's JSON) comes first. An entry
+#: with "mode": "fused" routes M > FUSED_MAX_M to the fused kernel (else: dequant + cuBLAS).
+#: Unmeasured guesses until the sweep's winners are copied here (shared KB / regs from the
+#: offline sm_90 SASS, Triton 3.6): IQ4_XS / Q4_K / Q5_K half-block steps, 128 tokens x 64 rows,
+#: 8 warps, 2 stages (85 KB, 105 regs: two programs per SM, decode reused over 128 tokens); the
+#: rest 64 x 64, 8 warps, 2 stages (105 KB, 128 regs: two per SM). Token tiles fastest (MFAST).
+CONFIGS: dict = {
+    ("*", "*"): {"BM": 64, "BN": 64, "num_warps": 8, "num_stages": 2, "SWAP": 0, "MFAST": 1},
+    (23, "*"): {"BM": 128, "BN": 64, "num_warps": 8, "num_stages": 2, "SWAP": 0, "MFAST": 1,
+                "HALF": 1},
+    (12, "*"): {"BM": 128, "BN": 64, "num_warps": 8, "num_stages": 2, "SWAP": 0, "MFAST": 1,
+                "HALF": 1},
+    (13, "*"): {"BM": 128, "BN": 64, "num_warps": 8, "num_stages": 2, "SWAP": 0, "MFAST": 1,
+                "HALF": 1},
+}
+_ENV_CONFIGS: dict | None = None
 
 
-def pick_mode(qtype: int, m: int, n_in: int, device: torch.device) -> str:
+def shape_class(n_out: int, n_in: int) -> str:
+    """Shape class of a matrix for CONFIGS: head (LM head), down (n_in > 8192: ffn_down),
+    small (n_out <= 2048: attn_k/v), wide (the rest: FFN gate/up, QKV, gates, attn_output)."""
+    if n_out >= 100_000:
+        return "head"
+    if n_in > 8192:
+        return "down"
+    if n_out <= 2048:
+        return "small"
+    return "wide"
+
+
+def _env_configs() -> dict:
+    """TIGHTFIT_GEMM_CONFIGS: a JSON file (or JSON text) {"<qtype>": {"<class>": cfg}} as
+    bench/gemm_sweep.py writes under "best"; read once."""
+    global _ENV_CONFIGS
+    if _ENV_CONFIGS is None:
+        _ENV_CONFIGS = {}
+        src = os.environ.get("TIGHTFIT_GEMM_CONFIGS", "")
+        if src:
+            import json
+            txt = open(src).read() if not src.lstrip().startswith("{") else src
+            data = json.loads(txt)
+            data = data.get("best", data)
+            for t, per in data.items():
+                for cls, cfg in per.items():
+                    c = {k: int(v) for k, v in cfg.items() if k in CONFIG_KEYS}
+                    if cfg.get("mode") in ("fused", "dequant"):
+                        c["mode"] = cfg["mode"]
+                    _ENV_CONFIGS[(t if t == "*" else int(t), cls)] = c
+    return _ENV_CONFIGS
+
+
+def fused_config(qtype: int, m: int, n_out: int | None = None, n_in: int | None = None) -> dict:
+    """Tile of the fused kernel for M = m tokens (module docstring). M <= FUSED_MAX_M: the
+    small-M tile (unchanged); larger M: TIGHTFIT_GEMM_CONFIGS, then CONFIGS, by (format, shape
+    class), most specific first."""
+    t = int(qtype)
+    grid = t in (16, 17, 18, 21, 22) or t in GATHER_TYPES
+    if m <= FUSED_MAX_M or n_out is None or n_in is None:
+        return {"BM": 64 if m > 32 else (32 if m > 16 else 16), "BN": 32 if grid else 64,
+                "num_warps": 8, "num_stages": 3, "SWAP": 0, "MFAST": 0, "HALF": 0}
+    cls = shape_class(n_out, n_in)
+    for table in (_env_configs(), CONFIGS):
+        for key in ((t, cls), (t, "*"), ("*", cls), ("*", "*")):
+            if key in table:
+                cfg = {"num_stages": 2, "SWAP": 0, "MFAST": 1, "HALF": 0}
+                cfg.update(table[key])
+                return cfg
+    raise AssertionError("CONFIGS has no ('*', '*') entry")
+
+
+def pick_mode(qtype: int, m: int, n_in: int, device: torch.device,
+              n_out: int | None = None) -> str:
+    """M <= FUSED_MAX_M: fused; larger M: fused where the (format, shape class) config says
+    "mode": "fused" (TIGHTFIT_GEMM_CONFIGS / CONFIGS, from bench/gemm_sweep.py), else dequant."""
     t = int(qtype)
     if t in FLOAT_VIEWS:
         return "float"
@@ -176,8 +289,11 @@ def pick_mode(qtype: int, m: int, n_in: int, device: torch.device) -> str:
         return "torch"
     if device.type != "cuda":
         return "torch"       # interpreter: the kernels are tested on their own (slow on CPU)
-    if t in FUSED_TYPES and n_in % 256 == 0 and m <= FUSED_MAX_M:
-        return "fused"
+    if t in FUSED_TYPES and n_in % 256 == 0:
+        if m <= FUSED_MAX_M:
+            return "fused"
+        if n_out is not None and fused_config(t, m, n_out, n_in).get("mode") == "fused":
+            return "fused"
     return "dequant"
 
 
@@ -194,7 +310,7 @@ def gemm_q(x: torch.Tensor, w_raw: torch.Tensor, qtype, n_out: int, n_in: int,
     if out is None:
         out = torch.empty((M, n_out), dtype=torch.float32, device=w_raw.device)
     if mode == "auto":
-        mode = pick_mode(t, M, n_in, w_raw.device)
+        mode = pick_mode(t, M, n_in, w_raw.device, n_out)
     if mode == "float":
         w = w_raw.view(FLOAT_VIEWS[t]).view(n_out, n_in)
         if w_raw.device.type == "cuda" and t != 0:
@@ -205,19 +321,26 @@ def gemm_q(x: torch.Tensor, w_raw: torch.Tensor, qtype, n_out: int, n_in: int,
     if mode == "fused":
         if t not in FUSED_TYPES or n_in % 256:
             raise ValueError(f"gemm_q: no fused kernel for type {t} with n_in={n_in}")
-        cfg = fused_config(t, M)
+        cfg = fused_config(t, M, n_out, n_in)
         cfg.update(config or {})
+        cfg.pop("mode", None)
         xb = x.to(torch.bfloat16).contiguous()
         nb = n_in // 256
         if w_raw.numel() != n_out * nb * _ROW_BYTES[t]:
             raise ValueError(f"gemm_q: w_raw has {w_raw.numel()} bytes, expected "
                              f"{n_out * nb * _ROW_BYTES[t]}")
-        grid = (triton.cdiv(n_out, cfg["BN"]), triton.cdiv(M, cfg["BM"]))
+        if out.stride(1) != 1:
+            raise ValueError("gemm_q: out must have unit column stride")
+        half = int(cfg.get("HALF", 0)) if t in HALF_TYPES else 0   # others: whole blocks
+        extra = {"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") else {}
+        grid = (triton.cdiv(n_out, cfg["BN"]) * triton.cdiv(M, cfg["BM"]),)
         _gemm_fused_kernel[grid](xb, w_raw, grid_tables(t, w_raw.device), out, M, n_out, nb,
                                  xb.stride(0), out.stride(0),
-                                 FMT=t, BM=cfg["BM"], BN=cfg["BN"],
+                                 FMT=t, BM=cfg["BM"], BN=cfg["BN"], SWAP=int(cfg["SWAP"]),
+                                 MFAST=int(cfg["MFAST"]), HALF=half,
                                  EMU=_interpret() or w_raw.device.type != "cuda",
-                                 num_warps=cfg["num_warps"])
+                                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                                 **extra)
         return out
     if mode not in ("dequant", "torch"):
         raise ValueError(f"gemm_q: unknown mode {mode!r}")

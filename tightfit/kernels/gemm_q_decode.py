@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tightfit.kernels.gemv2_decode import (M2, M4, dec_q3k, dec_q45k, dec_q6k, dec_q8_0, ldf16,
-                                           ldw, lo_f16, lut_iq4, to_bytes)
+from tightfit.kernels.gemv2_decode import (M1, M2, M4, dec_q3k, dec_q45k, dec_q6k, dec_q8_0,
+                                           ldf16, ldw, lo_f16, lut_iq4, to_bytes)
 
 GRID_TYPES = {16: "iq2xxs", 17: "iq2xs", 22: "iq2s", 18: "iq3xxs", 21: "iq3s"}
 #: type -> bytes per 256 elements (one K step)
@@ -38,6 +38,9 @@ TILE_BYTES = {23: 136, 12: 144, 13: 176, 14: 210, 11: 110, 8: 34 * 8, 20: 18 * 8
 #: the formats decoded by byte gathers (dec_gather): off the seed mix, simple rather than fast
 GATHER_TYPES = frozenset({2, 6, 41, 42, 35, 34})
 DECODE_TYPES = frozenset(TILE_BYTES)
+#: the formats with a half-block decoder (decode_half: 128 elements per K step, so the fused
+#: GEMM's activation tile per pipeline stage is half as large): IQ4_XS, Q4_K, Q5_K
+HALF_TYPES = frozenset({23, 12, 13})
 
 _TABLES: dict = {}
 
@@ -273,3 +276,57 @@ def decode_tile(w_ptr, blk, m, tg, FMT: tl.constexpr, EMU: tl.constexpr):
             W = W - mins[:, :, None]
         W = tl.reshape(W, (R, 256))
     return W
+
+
+@triton.jit
+def decode_half(w_ptr, blk, h, m, FMT: tl.constexpr, EMU: tl.constexpr):
+    """Elements 128 h .. 128 h + 127 of the K step `blk` ([R, 1] int64, as decode_tile), h a
+    runtime 0 / 1: fp32 [R, 128] in element order, the same values (and float order) as the
+    matching half of decode_tile. IQ4_XS (23): sub-blocks 4h..4h+3 (qs bytes 64h..); Q4_K (12)
+    / Q5_K (13): 64-element chunks 2h, 2h+1 (qs bytes 64h..; Q5_K's high bits 4h..4h+3 of each
+    qh byte); scales / mins of sub-blocks 4h..4h+3."""
+    R: tl.constexpr = blk.shape[0]
+    j = 4 * h + tl.arange(0, 4)[None, :]                          # sub-blocks of 32
+    if FMT == 23:
+        s3 = tl.arange(0, 4)[None, :, None]
+        w3 = tl.arange(0, 4)[None, None, :]
+        b = w_ptr + blk * 136
+        qs = ldw(b[:, :, None] + 8, 16 * h + 4 * s3 + w3, m[:, :, None], True)   # [R, 4, 4]
+        A = _kv_natural(qs, EMU)                                  # [R, 128]
+        sl = ldw(b + 4, 0, m, True)
+        dsh = ldw(b, 0, m, True)
+        d = lo_f16(dsh)
+        sh = (dsh >> 16) & 0xFFFF
+        ls = ((sl >> (4 * j)) & 15) | (((sh >> (2 * j)) & 3) << 4)
+        ws = d * (ls - 32).to(tl.float32)
+        W = tl.reshape(A.to(tl.float32), (R, 4, 32)) * ws[:, :, None]
+    else:
+        Q5: tl.constexpr = FMT == 13
+        BB: tl.constexpr = 176 if Q5 else 144
+        b = w_ptr + blk * BB
+        c3 = tl.arange(0, 2)[None, :, None]
+        w3 = tl.arange(0, 8)[None, None, :]
+        qs = ldw(b[:, :, None] + (48 if Q5 else 16), 16 * h + 8 * c3 + w3, m[:, :, None],
+                 True)                                            # [R, chunk, word]
+        L = tl.permute(tl.join(qs & M4, (qs >> 4) & M4), (0, 1, 3, 2))      # [R, c, half, word]
+        if Q5:
+            w4 = tl.arange(0, 8)[None, None, None, :]
+            qh = ldw(b[:, :, None, None] + 16, w4, m[:, :, None, None], True)   # [R, 1, 1, word]
+            jt = (4 * h + 2 * tl.arange(0, 2)[:, None] + tl.arange(0, 2)[None, :])[None, :, :,
+                                                                                     None]
+            L = L | (((qh >> jt) & M1) << 4)
+        A = to_bytes(tl.reshape(L, (R, 32)))                      # [R, 128]
+        S0 = ldw(b + 4, 0, m, True)
+        S1 = ldw(b + 4, 1, m, True)
+        S2 = ldw(b + 4, 2, m, True)
+        dd = ldw(b, 0, m, True)
+        d = lo_f16(dd)
+        dmin = lo_f16(dd >> 16)
+        jj = 8 * (j & 3)
+        b8 = (S2 >> jj) & 255
+        sc = tl.where(j < 4, (S0 >> jj) & 63, (b8 & 15) | (((S0 >> (jj + 6)) & 3) << 4))
+        mn = tl.where(j < 4, (S1 >> jj) & 63, (b8 >> 4) | (((S1 >> (jj + 6)) & 3) << 4))
+        W = tl.reshape(A.to(tl.float32), (R, 4, 32)) * (d * sc.to(tl.float32))[:, :, None]
+        W = W - (dmin * mn.to(tl.float32))[:, :, None]
+    return tl.reshape(W, (R, 128))
+
