@@ -206,7 +206,8 @@ def test_fused_config_table(monkeypatch, tmp_path):
     assert c["BM"] == 128 and c["SWAP"] == 1 and c["mode"] == "fused"
     base = {"num_stages": 2, "SWAP": 0, "MFAST": 1, "HALF": 0}
     assert G.fused_config(23, 1024, 5120, 17408) == {**base, **G.CONFIGS[(23, "*")]}
-    assert G.fused_config(14, 1024, 5120, 17408) == {**base, **G.CONFIGS[("*", "*")]}
+    assert G.fused_config(14, 1024, 17408, 5120) == {**base, **G.CONFIGS[("*", "*")]}
+    assert G.fused_config(14, 1024, 5120, 17408)["mode"] == "fused"   # measured winner (down)
     cuda = torch.device("cuda")
     assert G.pick_mode(23, 1024, 5120, cuda, 17408) == "fused"
     assert G.pick_mode(23, 1024, 17408, cuda, 5120) == "dequant"

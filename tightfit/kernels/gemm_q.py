@@ -215,13 +215,27 @@ CONFIG_KEYS = ("BM", "BN", "num_warps", "num_stages", "SWAP", "MFAST", "HALF", "
 #: 8 warps, 2 stages (85 KB, 105 regs: two programs per SM, decode reused over 128 tokens); the
 #: rest 64 x 64, 8 warps, 2 stages (105 KB, 128 regs: two per SM). Token tiles fastest (MFAST).
 CONFIGS: dict = {
+    # measured winners of bench/gemm_sweep.py at M = 1024 on the H200 (bench/RESULTS.md, session 3
+    # call 5; summed us over the class's seed-mix shapes, fused vs the dequant + cuBLAS route):
+    # IQ4_XS wide 1702 vs 4881, Q5_K down 871 vs 1667, Q5_K wide 1089 vs 2062, Q6_K down 1475 vs
+    # 1688, Q4_K wide 694 vs 1915. Small shapes (attn_k/v) stay on dequant (26-28 vs 62-90 us).
     ("*", "*"): {"BM": 64, "BN": 64, "num_warps": 8, "num_stages": 2, "SWAP": 0, "MFAST": 1},
+    (23, "wide"): {"BM": 128, "BN": 64, "num_warps": 4, "num_stages": 2, "SWAP": 1, "MFAST": 1,
+                   "HALF": 1, "mode": "fused"},
     (23, "*"): {"BM": 128, "BN": 64, "num_warps": 8, "num_stages": 2, "SWAP": 0, "MFAST": 1,
                 "HALF": 1},
+    (12, "wide"): {"BM": 256, "BN": 128, "num_warps": 8, "num_stages": 2, "SWAP": 0, "MFAST": 1,
+                   "HALF": 1, "mode": "fused"},
     (12, "*"): {"BM": 128, "BN": 64, "num_warps": 8, "num_stages": 2, "SWAP": 0, "MFAST": 1,
                 "HALF": 1},
+    (13, "down"): {"BM": 128, "BN": 64, "num_warps": 8, "num_stages": 2, "SWAP": 0, "MFAST": 1,
+                   "HALF": 1, "mode": "fused"},
+    (13, "wide"): {"BM": 256, "BN": 128, "num_warps": 8, "num_stages": 2, "SWAP": 0, "MFAST": 1,
+                   "HALF": 1, "mode": "fused"},
     (13, "*"): {"BM": 128, "BN": 64, "num_warps": 8, "num_stages": 2, "SWAP": 0, "MFAST": 1,
                 "HALF": 1},
+    (14, "down"): {"BM": 128, "BN": 64, "num_warps": 8, "num_stages": 2, "SWAP": 0, "MFAST": 1,
+                   "mode": "fused"},
 }
 _ENV_CONFIGS: dict | None = None
 
