@@ -33,9 +33,31 @@ NCS = (1, 2, 3, 4, 5, 6, 7, 8, 16)
 THREADS = 256          # gemv_kernel.cuh TF_THREADS
 WARPS = THREADS // 32
 _lock = threading.Lock()
-_modules: dict[tuple[int, int], dict[int, object]] = {}
+_modules: dict[tuple[int, int, str], dict[int, object]] = {}
 _geom: dict[tuple, tuple] = {}
 _streams: dict[int, object] = {}
+
+
+KERNS = ("v1", "v2", "v2h")
+DEFAULT_KERN = "v2"
+
+
+def _kern(config: dict | None = None) -> str:
+    """Kernel variant: config["kern"], else env TIGHTFIT_CU_GEMV, else DEFAULT_KERN.
+    v1: the previous kernel + dot bodies (source compiled with TF_GEMV_V1=1, tf_gemv).
+    v2: tf_gemv2 (block loop with fixed part, two-phase load/compute for IQ4_XS / Q5_K, U=4 at
+        NC <= 2 for those, cheaper IQ4 lookup). v2h: v2, but NC = 1 uses tf_gemv2h (min 4
+        CTAs/SM, <= 64 registers: ptxas keeps the U items' loads hoisted)."""
+    k = (config or {}).get("kern") or os.environ.get("TIGHTFIT_CU_GEMV") or DEFAULT_KERN
+    k = str(k).strip().lower()
+    if k not in KERNS:
+        raise ValueError(f"CUDA GEMV: kern {k!r} not in {KERNS}")
+    return k
+
+
+def _source(kern: str) -> str:
+    src = formats_source(True)
+    return ("#define TF_GEMV_V1 1\n" + src) if kern == "v1" else src
 
 
 def _mode() -> str:
@@ -95,13 +117,25 @@ def pick_wpr(qtype: int, n_in: int, n_out: int) -> int:
     return wpr
 
 
-def kernel_names(qtype: int) -> list[str]:
+TWO_PHASE = ("F_IQ4_XS", "F_Q5_K")   # formats with Raw/load/compute (gemv_fmt_main.cuh, v2 only)
+
+
+def _kname(kern: str, nc: int, name: str = "") -> str:
+    """v2 / v2h change only the two-phase formats; every other format keeps tf_gemv."""
+    if kern == "v1" or name not in TWO_PHASE:
+        return "tf_gemv"
+    return "tf_gemv2h" if (kern == "v2h" and nc == 1) else "tf_gemv2"
+
+
+def kernel_names(qtype: int, kern: str | None = None) -> list[str]:
     name = _formats()[int(qtype)]
-    return [f"tf_gemv<{name}, {nc}>" for nc in NCS]
+    kern = kern or _kern()
+    return [f"{_kname(kern, nc, name)}<{name}, {nc}>" for nc in NCS]
 
 
-def _module(qtype: int, device: int) -> dict[int, object]:
-    key = (device, int(qtype))
+def _module(qtype: int, device: int, kern: str | None = None) -> dict[int, object]:
+    kern = kern or _kern()
+    key = (device, int(qtype), kern)
     mods = _modules.get(key)
     if mods is not None:
         return mods
@@ -109,19 +143,20 @@ def _module(qtype: int, device: int) -> dict[int, object]:
         mods = _modules.get(key)
         if mods is None:
             cp = _cupy()
-            names = kernel_names(qtype)
+            names = kernel_names(qtype, kern)
             with cp.cuda.Device(device):
-                mod = cp.RawModule(code=formats_source(True), options=("-std=c++17",),
+                mod = cp.RawModule(code=_source(kern), options=("-std=c++17",),
                                    name_expressions=names)
                 mods = {nc: mod.get_function(n) for nc, n in zip(NCS, names)}
             _modules[key] = mods
     return mods
 
 
-def prepare(qtype: int, device=None) -> None:
+def prepare(qtype: int, device=None, config: dict | None = None) -> None:
     """Compile (or load from cupy's cache) the module of `qtype` now, outside any graph capture."""
     dev = torch.device(device) if device is not None else torch.device("cuda")
-    _module(int(qtype), dev.index if dev.index is not None else torch.cuda.current_device())
+    _module(int(qtype), dev.index if dev.index is not None else torch.cuda.current_device(),
+            _kern(config))
 
 
 def _stream(ptr: int, device: int):
@@ -149,7 +184,9 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
     n, k = int(act.n), int(act.k)
     q, d, s16 = act.q, act.d, act.s16
     dev = w_raw.device
-    gkey = (qtype, n, k, int(n_out), dev.index, None if config is None else tuple(sorted(config.items())))
+    kern = _kern(config)
+    gkey = (qtype, n, k, int(n_out), dev.index, kern,
+            None if config is None else tuple(sorted(config.items())))
     g = _geom.get(gkey)
     if g is None:
         tr = traits(qtype)
@@ -165,7 +202,7 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
             raise ValueError(f"CUDA GEMV: wpr {wpr} not in 1, 2, 4, 8")
         rows_per_cta = WARPS // wpr
         grid = ((int(n_out) + rows_per_cta - 1) // rows_per_cta, 1, 1)
-        mods = _module(qtype, dev.index)
+        mods = _module(qtype, dev.index, kern)
         launches = [(mods[nc], c0, nc) for c0, nc in _chunks(n)]
         g = (rb, grid, wpr.bit_length() - 1, launches)
         _geom[gkey] = g
@@ -195,23 +232,27 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
 
 
 # ---------------------------------------------------------------- offline compile report (nvcc)
-def report_source(lowbit: bool | None = None) -> tuple[str, list[tuple[str, int, int]]]:
+def report_source(lowbit: bool | None = None, kern: str | None = None
+                  ) -> tuple[str, list[tuple[str, int, int]]]:
+    kern = kern or _kern()
     src = formats_source(True, lowbit=lowbit)
+    if kern == "v1":
+        src = "#define TF_GEMV_V1 1\n" + src
     inst, rows = [], []
     for name, t in format_list(src):
         for nc in NCS:
-            inst.append(f"template __global__ void tf_gemv<{name}, {nc}>(const uint8_t*, "
+            inst.append(f"template __global__ void {_kname(kern, nc, name)}<{name}, {nc}>(const uint8_t*, "
                         "const int8_t*, const float*, const int*, float*, int, int, int);\n")
             rows.append((name, t, nc))
     return src + "\n" + "".join(inst), rows
 
 
 def compile_report(arch: str = "sm_90", nvcc: str | None = None,
-                   lowbit: bool | None = None) -> list[dict]:
+                   lowbit: bool | None = None, kern: str | None = None) -> list[dict]:
     """Compile the kernel source with nvcc -cubin -Xptxas -v; per instantiation: format, type,
     NC, registers, spill stores/loads (bytes), static shared memory (bytes)."""
     nvcc = nvcc or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    src, _ = report_source(lowbit)
+    src, _ = report_source(lowbit, kern)
     with tempfile.TemporaryDirectory() as td:
         cu = os.path.join(td, "tf_gemv.cu")
         with open(cu, "w") as f:
@@ -222,7 +263,7 @@ def compile_report(arch: str = "sm_90", nvcc: str | None = None,
         raise RuntimeError(f"nvcc failed:\n{r.stderr[-6000:]}")
     out = []
     types = {n: t for n, t in format_list(src)}
-    pat = re.compile(r"Compiling entry function '_Z7tf_gemvI\d+(F_\w+?)Li(\d+)E\w*'.*?"
+    pat = re.compile(r"Compiling entry function '_Z\d+tf_gemv\w*?I\d+(F_\w+?)Li(\d+)E\w*'.*?"
                      r"(\d+) bytes spill stores, (\d+) bytes spill loads.*?Used (\d+) registers"
                      r"(?:.*?(\d+) bytes smem)?", re.S)
     for m in pat.finditer(r.stderr + r.stdout):

@@ -6,6 +6,11 @@
 
 #define TF_M4 0x0F0F0F0Fu
 
+// TF_GEMV_V1 = 1: the previous (v1) dot bodies, verbatim (gemv_cuda kern "v1" defines it).
+#ifndef TF_GEMV_V1
+#define TF_GEMV_V1 0
+#endif
+
 // x words of column c: 16 bytes at element offset e (e a multiple of 16)
 #define TF_X16(c, e, w) tf_ld_x16(xq + (c) * K + (e), w)
 
@@ -122,6 +127,20 @@ TF_DEV void tf_iq4_word(uint32_t w, uint32_t& lo, uint32_t& hi) {
   hi = tf_byte_perm(r0, r1, 0x7531);
 }
 
+// Same result as tf_iq4_word, 13 instead of 15 operations: the choice between the two 8-entry
+// halves is one more byte_perm on the two lookups (selector nibble k = k, +4 when code >= 8).
+TF_DEV void tf_iq4_word2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const uint32_t s7 = w & 0x77777777u;
+  const uint32_t m = ((w >> 1) & 0x44444444u) | 0x32103210u;
+  const uint32_t r0 = tf_byte_perm(tf_byte_perm(TF_IQ4_T0, TF_IQ4_T1, s7),
+                                   tf_byte_perm(TF_IQ4_T2, TF_IQ4_T3, s7), m);
+  const uint32_t s7h = s7 >> 16, mh = m >> 16;
+  const uint32_t r1 = tf_byte_perm(tf_byte_perm(TF_IQ4_T0, TF_IQ4_T1, s7h),
+                                   tf_byte_perm(TF_IQ4_T2, TF_IQ4_T3, s7h), mh);
+  lo = tf_byte_perm(r0, r1, 0x6420);
+  hi = tf_byte_perm(r0, r1, 0x7531);
+}
+
 // ------------------------------------------------------------------ IQ4_NL (type 20)
 // d f16 @0, qs[16] @2 (Q4_0 nibble order); w = d * kvalues[q].
 struct F_IQ4_NL {
@@ -153,6 +172,7 @@ struct F_IQ4_NL {
 // d f16 @0, scales_h u16 @2, scales_l[4] @4, qs[128] @8 (16 bytes per 32-sub-block, IQ4_NL order).
 // Sub-block ib scale: ls = ((scales_l >> 4ib) & 15) | (((scales_h >> 2ib) & 3) << 4); dl = d*(ls-32).
 // Part = sub-block (16 bytes of qs per lane).
+#if TF_GEMV_V1
 struct F_IQ4_XS {
   static constexpr int TYPE = 23, QK = 256, BB = 136, PARTS = 8;
   template <int NC>
@@ -180,6 +200,47 @@ struct F_IQ4_XS {
     }
   }
 };
+#else
+// v2 (default): two-phase -- load() fetches the raw words (the v2 kernel issues the loads of all U
+// items before any compute()); dot() = load + compute (what the v1 kernel and the host harness call).
+struct F_IQ4_XS {
+  static constexpr int TYPE = 23, QK = 256, BB = 136, PARTS = 8;
+  struct Raw { uint32_t h[2], w[4]; };
+  TF_DEV static void load(const uint8_t* __restrict__ blk, int part, Raw& r) {
+    tf_ld_words<8, 2>(blk, r.h);        // d | scales_h << 16, scales_l
+    tf_ld_words<8, 4>(blk + 8 + 16 * part, r.w);
+  }
+  template <int NC>
+  TF_DEV static void compute(const Raw& r, int part, const int8_t* __restrict__ xq,
+                             const float* __restrict__ xd, const int* __restrict__ xs16, int K,
+                             float (&acc)[NC]) {
+    (void)xs16;
+    const int ls = (int)(((r.h[1] >> (4 * part)) & 15u) | (((r.h[0] >> (16 + 2 * part)) & 3u) << 4));
+    const float dl = tf_h2f((uint16_t)r.h[0]) * (float)(ls - 32);
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) tf_iq4_word2(r.w[i], lo[i], hi[i]);
+    const int e = 32 * part;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      uint32_t x0[4], x1[4];
+      TF_X16(c, e, x0); TF_X16(c, e + 16, x1);
+      int s = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) { s = tf_dp4a((int)lo[i], (int)x0[i], s); s = tf_dp4a((int)hi[i], (int)x1[i], s); }
+      acc[c] += dl * xd[c * (K / 32) + part] * (float)s;
+    }
+  }
+  template <int NC>
+  TF_DEV static void dot(const uint8_t* __restrict__ blk, int part, const int8_t* __restrict__ xq,
+                         const float* __restrict__ xd, const int* __restrict__ xs16, int K,
+                         float (&acc)[NC]) {
+    Raw r;
+    load(blk, part, r);
+    compute<NC>(r, part, xq, xd, xs16, K, acc);
+  }
+};
+#endif
 
 // ------------------------------------------------------------------ K4 scales (Q4_K / Q5_K)
 // 12 bytes S[0..11] @4: j<4: sc = S[j]&63, m = S[j+4]&63; j>=4: sc = (S[j+4]&15) | (S[j-4]>>6)<<4,
@@ -252,6 +313,7 @@ struct F_Q4_K {
 // ------------------------------------------------------------------ Q5_K (type 13)
 // d @0, dmin @2, scales[12] @4, qh[32] @16 (bit j of qh[l] = fifth bit of element 32j+l),
 // qs[128] @48 (as Q4_K).  Part p: c = p/2, h = p%2 -> qs bytes 16p.., qh bytes 16h..16h+15.
+#if TF_GEMV_V1
 struct F_Q5_K {
   static constexpr int TYPE = 13, QK = 256, BB = 176, PARTS = 8;
   template <int NC>
@@ -274,6 +336,48 @@ struct F_Q5_K {
     tf_k4_tail<NC>(lo, hi, c, h, dsc0, dsc1, dm0, dm1, xq, xd, xs16, K, acc);
   }
 };
+#else
+// v2 (default): two-phase (see F_IQ4_XS); the 16-byte header (d, dmin, scales) is loaded with the
+// bulk words, the scale decode happens in compute().
+struct F_Q5_K {
+  static constexpr int TYPE = 13, QK = 256, BB = 176, PARTS = 8;
+  struct Raw { uint32_t h[4], w[4], qh[4]; };
+  TF_DEV static void load(const uint8_t* __restrict__ blk, int part, Raw& r) {
+    tf_ld_words<16, 4>(blk + 48 + 16 * part, r.w);
+    tf_ld_words<16, 4>(blk + 16 + 16 * (part & 1), r.qh);
+    tf_ld_words<16, 4>(blk, r.h);
+  }
+  template <int NC>
+  TF_DEV static void compute(const Raw& r, int part, const int8_t* __restrict__ xq,
+                             const float* __restrict__ xd, const int* __restrict__ xs16, int K,
+                             float (&acc)[NC]) {
+    const int c = part >> 1, h = part & 1;
+    const uint32_t S0 = r.h[1], S1 = r.h[2], S2 = r.h[3];
+    const uint32_t scw = c < 2 ? (S0 & 0x3F3F3F3Fu) : ((S2 & TF_M4) | ((S0 >> 2) & 0x30303030u));
+    const uint32_t mw = c < 2 ? (S1 & 0x3F3F3F3Fu) : (((S2 >> 4) & TF_M4) | ((S1 >> 2) & 0x30303030u));
+    const int sh = 16 * (c & 1);
+    const float d = tf_h2f((uint16_t)r.h[0]), dmin = tf_h2f((uint16_t)(r.h[0] >> 16));
+    const float dsc0 = d * (float)((scw >> sh) & 0xFFu), dsc1 = d * (float)((scw >> (sh + 8)) & 0xFFu);
+    const float dm0 = dmin * (float)((mw >> sh) & 0xFFu), dm1 = dmin * (float)((mw >> (sh + 8)) & 0xFFu);
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t b = r.qh[i] >> (2 * c);
+      lo[i] = (r.w[i] & TF_M4) | ((b << 4) & 0x10101010u);
+      hi[i] = ((r.w[i] >> 4) & TF_M4) | ((b << 3) & 0x10101010u);
+    }
+    tf_k4_tail<NC>(lo, hi, c, h, dsc0, dsc1, dm0, dm1, xq, xd, xs16, K, acc);
+  }
+  template <int NC>
+  TF_DEV static void dot(const uint8_t* __restrict__ blk, int part, const int8_t* __restrict__ xq,
+                         const float* __restrict__ xd, const int* __restrict__ xs16, int K,
+                         float (&acc)[NC]) {
+    Raw r;
+    load(blk, part, r);
+    compute<NC>(r, part, xq, xd, xs16, K, acc);
+  }
+};
+#endif
 
 // ------------------------------------------------------------------ Q6_K (type 14)
 // ql[128] @0, qh[64] @128, int8 scales[16] @192, d f16 @208 (block 2-byte aligned).

@@ -85,3 +85,108 @@ tf_gemv(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const floa
 
 // NVRTC / nvcc instantiation list: tf_gemv<F_xxx, NC>, NC in 1..8 and 16 (gemv_cuda.py builds the
 // names from the TF_*_FORMATS lists).
+
+// ---------------------------------------------------------------- v2 (gemv_cuda kern "v2", default)
+// Same work split and reduction as tf_gemv. Differences: (1) the loop runs over blocks with the part
+// fixed per lane (32*WPR is a multiple of PARTS, so part = lane % PARTS never changes; no signed
+// division per item); (2) formats with a two-phase interface (struct Raw, load(), compute<NC>())
+// get the raw loads of all U items issued before the first compute (ptxas otherwise interleaves
+// them with the decode of the previous item, leaving ~1 item of weights in flight per lane), and
+// U = 4 at NC <= 2 for them.
+template <class F, class = void> struct tf_two_phase { static constexpr bool value = false; };
+template <class F> struct tf_two_phase<F, decltype((void)sizeof(typename F::Raw))> {
+  static constexpr bool value = true;
+};
+template <class F, int NC>
+struct tf_unroll2 {
+  static constexpr int U = tf_two_phase<F>::value ? (NC <= 2 ? 4 : 2) : tf_unroll<F, NC>::U;
+};
+
+// Body of the v2 kernels. tf_gemv2 (NC >= 3) has the same launch bounds as tf_gemv; tf_gemv2h
+// (gemv_cuda kern "v2h" uses it for NC = 1) adds min 4 CTAs/SM (<= 64 registers): with it ptxas keeps the
+// U items' loads hoisted ahead of the decode instead of sinking them to save registers.
+template <class F, int NC>
+TF_DEV void tf_gemv2_body(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
+                          const float* __restrict__ xd, const int* __restrict__ xs16,
+                          float* __restrict__ y, int n_out, int K, int wpr_log2, float (*red)[NC]) {
+  constexpr int U = tf_unroll2<F, NC>::U;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wpr = 1 << wpr_log2;
+  const int sub = warp & (wpr - 1);
+  const int row = blockIdx.x * (TF_WARPS >> wpr_log2) + (warp >> wpr_log2);
+  const unsigned nb = (unsigned)K / F::QK;
+  float acc[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) acc[c] = 0.f;
+  if (row < n_out) {
+    const uint8_t* __restrict__ wr = W + (uint64_t)row * nb * F::BB;
+    const int p = lane % F::PARTS;
+    const unsigned bstep = (32u << wpr_log2) / F::PARTS;
+    unsigned b = ((unsigned)sub * 32u + (unsigned)lane) / F::PARTS;
+    for (; b + (U - 1) * bstep < nb; b += U * bstep) {
+      if constexpr (tf_two_phase<F>::value) {
+        typename F::Raw r[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) F::load(wr + (uint64_t)(b + u * bstep) * F::BB, p, r[u]);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const unsigned bu = b + u * bstep;
+          F::template compute<NC>(r[u], p, xq + (uint64_t)bu * F::QK, xd + bu * (F::QK / 32),
+                                  xs16 + bu * (F::QK / 16), K, acc);
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const unsigned bu = b + u * bstep;
+          F::template dot<NC>(wr + (uint64_t)bu * F::BB, p, xq + (uint64_t)bu * F::QK,
+                              xd + bu * (F::QK / 32), xs16 + bu * (F::QK / 16), K, acc);
+        }
+      }
+    }
+    for (; b < nb; b += bstep) {
+      F::template dot<NC>(wr + (uint64_t)b * F::BB, p, xq + (uint64_t)b * F::QK, xd + b * (F::QK / 32),
+                          xs16 + b * (F::QK / 16), K, acc);
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[c] += __shfl_xor_sync(0xFFFFFFFFu, acc[c], o);
+  }
+  if (wpr_log2 == 0) {
+    if (lane == 0 && row < n_out) {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) y[(uint64_t)c * n_out + row] = acc[c];
+    }
+    return;
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) red[warp][c] = acc[c];
+  }
+  __syncthreads();
+  if (sub == 0 && lane == 0 && row < n_out) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      float s = red[warp][c];
+      for (int j = 1; j < wpr; ++j) s += red[warp + j][c];
+      y[(uint64_t)c * n_out + row] = s;
+    }
+  }
+}
+
+template <class F, int NC>
+__global__ void __launch_bounds__(TF_THREADS)
+tf_gemv2(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
+         const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int wpr_log2) {
+  __shared__ float red[TF_WARPS][NC];
+  tf_gemv2_body<F, NC>(W, xq, xd, xs16, y, n_out, K, wpr_log2, red);
+}
+
+template <class F, int NC>
+__global__ void __launch_bounds__(TF_THREADS, 4)
+tf_gemv2h(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
+          const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int wpr_log2) {
+  __shared__ float red[TF_WARPS][NC];
+  tf_gemv2_body<F, NC>(W, xq, xd, xs16, y, n_out, K, wpr_log2, red);
+}
