@@ -293,9 +293,13 @@ def fused_config(qtype: int, m: int, n_out: int | None = None, n_in: int | None 
 
 
 def pick_mode(qtype: int, m: int, n_in: int, device: torch.device,
-              n_out: int | None = None) -> str:
+              n_out: int | None = None, scratch_bytes: int = DEFAULT_SCRATCH) -> str:
     """M <= FUSED_MAX_M: fused; larger M: fused where the (format, shape class) config says
-    "mode": "fused" (TIGHTFIT_GEMM_CONFIGS / CONFIGS, from bench/gemm_sweep.py), else dequant."""
+    "mode": "fused" (TIGHTFIT_GEMM_CONFIGS / CONFIGS, from bench/gemm_sweep.py), else dequant.
+    A matrix whose bf16 rows fit the scratch in ONE chunk stays on dequant + cuBLAS: measured
+    faster at M = 1024 in every such case (bench/RESULTS.md session 3 call 5: IQ4_XS 5120->6144
+    121 vs 226 us, Q5_K 6144->5120 123 vs 312, 5120->1024 26-28 vs 62-90), while the chunked
+    dequant route of the larger ones was 2-4x slower than the fused tiles."""
     t = int(qtype)
     if t in FLOAT_VIEWS:
         return "float"
@@ -306,7 +310,9 @@ def pick_mode(qtype: int, m: int, n_in: int, device: torch.device,
     if t in FUSED_TYPES and n_in % 256 == 0:
         if m <= FUSED_MAX_M:
             return "fused"
-        if n_out is not None and fused_config(t, m, n_out, n_in).get("mode") == "fused":
+        one_chunk = n_out is not None and n_out <= chunk_rows(t, n_in, scratch_bytes)
+        if (n_out is not None and not one_chunk
+                and fused_config(t, m, n_out, n_in).get("mode") == "fused"):
             return "fused"
     return "dequant"
 
@@ -324,7 +330,7 @@ def gemm_q(x: torch.Tensor, w_raw: torch.Tensor, qtype, n_out: int, n_in: int,
     if out is None:
         out = torch.empty((M, n_out), dtype=torch.float32, device=w_raw.device)
     if mode == "auto":
-        mode = pick_mode(t, M, n_in, w_raw.device, n_out)
+        mode = pick_mode(t, M, n_in, w_raw.device, n_out, scratch_bytes)
     if mode == "float":
         w = w_raw.view(FLOAT_VIEWS[t]).view(n_out, n_in)
         if w_raw.device.type == "cuda" and t != 0:
