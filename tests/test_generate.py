@@ -231,3 +231,27 @@ def test_llama_cpp_loads_generated_files(tmp_path):
     llm.eval([1, 2, 3, 400, 5])
     x = np.array(llm.scores[:5])
     assert np.isfinite(x).all() and 0.1 < x.std() < 20
+
+
+def test_tq2_fast_blocks_are_valid_ternary():
+    """Big TQ2_0 chunks are packed directly (generate._tq2_blocks_fast): every 2-bit code is a
+    valid trit (never 3), gguf-py dequantizes them to {-d, 0, +d} per block with d the stored
+    fp16 scale, and the three values appear with the intended 1/4, 1/2, 1/4 frequencies."""
+    import gguf
+    from tightfit.model import generate as G
+    rows, ne0 = 8, 5120
+    data = G._tq2_blocks_fast(np.random.default_rng(1), "blk.0.ffn_up.weight", rows, ne0)
+    assert data.shape == (rows, ne0 // 256 * 66)
+    blocks = data.reshape(-1, 66)
+    codes = np.stack([(blocks[:, :64] >> s) & 3 for s in (0, 2, 4, 6)])
+    assert codes.max() <= 2
+    w = gguf.quants.dequantize(data, gguf.GGMLQuantizationType.TQ2_0).reshape(-1, 256)
+    d = blocks[:, 64:].copy().view("<f2").astype(np.float32)
+    assert np.all(d > 0)
+    t = w / d
+    assert set(np.unique(t)) <= {-1.0, 0.0, 1.0}
+    frac = [(t == v).mean() for v in (-1.0, 0.0, 1.0)]
+    assert abs(frac[0] - 0.25) < 0.02 and abs(frac[1] - 0.5) < 0.02 and abs(frac[2] - 0.25) < 0.02
+    # chunks below the threshold keep gguf-py's quantizer path (test models' bytes unchanged)
+    small, _ = G.tensor_chunk(0, "blk.0.ffn_up.weight", "TQ2_0", 256, 4, 0)
+    assert 4 * 256 < G.FAST_TERNARY_MIN and small.shape == (4, 66)
