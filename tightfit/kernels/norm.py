@@ -11,6 +11,15 @@ on CPU). The references are also the executor's CPU path.
 * `swiglu(g, u, out)`: out = silu(g) * u.
 * `gated_rmsnorm(o, z, w, eps, out)`: per row of S (one V head): rmsnorm(o) * w * silu(z).
 
+Fused activation quantization (`quant_out=(q, d, s16)`, `quant_layout=`): each of the three
+kernels can also write its output quantized for the dp4a GEMV exactly as
+tightfit.kernels.quantize_act.quantize_act would from the float output it stores (int8 per 32
+with d = amax/127, q = round half away from zero of y/d, s16 = sums of q per 16, q in the
+layout's order), saving the separate quantize launch per GEMV input. The float output is still
+written. The quantized view covers the output flattened per row ([rows, n] -> q [rows, n], d
+[rows, n/32], s16 [rows, n/16]); n (for gated_rmsnorm S) must be a multiple of 32. The
+references (`*_ref(..., quant_out=)`) are the unfused pair: the plain op, then quantize_act.
+
 Sums of squares are fp32 (the reference accumulates in float64; for rows of <= 17408 values
 the difference is ~1e-7 relative).
 """
@@ -22,10 +31,67 @@ import triton
 import triton.language as tl
 
 
+# ---- fused quantization of an output tile (quantize_act's arithmetic, op for op) ---------------
+@triton.jit
+def _quant_tile(y, b, bm, q_ptr, qd_ptr, qs_ptr, inv_ptr, LAYOUT: tl.constexpr):
+    """y [R, 32] fp32: the elements of global 32-blocks b (rows where bm is False are skipped).
+    Writes q (layout order), d and the two 16-sums per block like quantize_act._quant_kernel."""
+    e = tl.arange(0, 32)
+    amax = tl.max(tl.abs(y), axis=1)
+    d = amax / 127.0
+    inv_d = tl.where(amax > 0, 127.0 / amax, 0.0)
+    v = y * inv_d[:, None]
+    q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(-v + 0.5))
+    q = tl.minimum(tl.maximum(q, -127.0), 127.0).to(tl.int32)
+    if LAYOUT == 0:
+        pos = e
+    else:
+        pos = tl.load(inv_ptr + LAYOUT * 32 + e)
+    tl.store(q_ptr + b[:, None] * 32 + pos[None, :], q.to(tl.int8), mask=bm[:, None])
+    tl.store(qd_ptr + b, d, mask=bm)
+    lo = tl.sum(tl.where(e[None, :] < 16, q, 0), axis=1)
+    hi = tl.sum(tl.where(e[None, :] >= 16, q, 0), axis=1)
+    tl.store(qs_ptr + b * 2, lo, mask=bm)
+    tl.store(qs_ptr + b * 2 + 1, hi, mask=bm)
+
+
+def _quant_args(quant_out, quant_layout: int, out: torch.Tensor, k: int):
+    """Kernel arguments (q, d, s16, inv table, QUANT, LAYOUT) for an optional quant_out."""
+    if quant_out is None:
+        return out, out, out, out, False, 0
+    from tightfit.kernels.quantize_act import LAYOUTS, _inv_layouts
+    q, qd, qs = quant_out
+    lay = int(quant_layout)
+    if not 0 <= lay < len(LAYOUTS):
+        raise ValueError(f"quant_out: unknown activation layout {quant_layout}")
+    if k % 32:
+        raise ValueError(f"quant_out: rows of {k} values are not whole 32-blocks")
+    nq = out.numel()
+    if q.numel() != nq or qd.numel() != nq // 32 or qs.numel() != nq // 16 \
+            or q.dtype != torch.int8 or qd.dtype != torch.float32 or qs.dtype != torch.int32:
+        raise ValueError("quant_out: (q int8, d fp32, s16 int32) do not match the output")
+    if not (q.is_contiguous() and qd.is_contiguous() and qs.is_contiguous()):
+        raise ValueError("quant_out buffers must be contiguous")
+    return q, qd, qs, _inv_layouts(str(out.device)), True, lay
+
+
+def _quant_ref(out: torch.Tensor, quant_out, quant_layout: int, k: int) -> None:
+    """The unfused second half: quantize_act of the float output into quant_out."""
+    if quant_out is None:
+        return
+    from tightfit.kernels.quantize_act import QuantAct, quantize_act
+    q, qd, qs = quant_out
+    rows = out.numel() // k
+    qa = QuantAct(q.view(rows, k), qd.view(rows, k // 32), qs.view(rows, k // 16),
+                  int(quant_layout), rows, k)
+    quantize_act(out.reshape(rows, k), int(quant_layout), out=qa)
+
+
 # ---- RMSNorm with residual add ----------------------------------------------------------------
 @triton.jit
-def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, out_ptr, n, eps,
-                        HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, inv_ptr, n, eps,
+                        HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, QUANT: tl.constexpr,
+                        LAYOUT: tl.constexpr):
     row = tl.program_id(0)
     base = row.to(tl.int64) * n
     ss = tl.zeros([BLOCK], tl.float32)
@@ -39,88 +105,143 @@ def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, out_ptr, n, eps,
             tl.store(x_ptr + base + offs, x, mask=m)
         ss += x * x
     r = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / n + eps)
-    for s in range(0, n, BLOCK):
-        offs = s + tl.arange(0, BLOCK)
-        m = offs < n
-        x = tl.load(x_ptr + base + offs, mask=m, other=0.0)
-        w = tl.load(w_ptr + offs, mask=m, other=0.0)
-        tl.store(out_ptr + base + offs, x * r * w, mask=m)
+    if QUANT:
+        # pass 2 on [BLOCK/32, 32] tiles: the float output and its int8 quantization
+        nblk = n // 32
+        e = tl.arange(0, 32)
+        for s in range(0, n, BLOCK):
+            lb = s // 32 + tl.arange(0, BLOCK // 32)
+            bm = lb < nblk
+            offs = lb[:, None] * 32 + e[None, :]
+            x = tl.load(x_ptr + base + offs, mask=bm[:, None], other=0.0)
+            w = tl.load(w_ptr + offs, mask=bm[:, None], other=0.0)
+            y = x * r * w
+            tl.store(out_ptr + base + offs, y, mask=bm[:, None])
+            _quant_tile(y, row * nblk + lb, bm, q_ptr, qd_ptr, qs_ptr, inv_ptr, LAYOUT)
+    else:
+        for s in range(0, n, BLOCK):
+            offs = s + tl.arange(0, BLOCK)
+            m = offs < n
+            x = tl.load(x_ptr + base + offs, mask=m, other=0.0)
+            w = tl.load(w_ptr + offs, mask=m, other=0.0)
+            tl.store(out_ptr + base + offs, x * r * w, mask=m)
 
 
 def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float,
-                out: torch.Tensor) -> torch.Tensor:
-    """x [rows, n] fp32 (updated in place when delta is given), w [n] fp32 -> out [rows, n]."""
+                out: torch.Tensor, quant_out=None, quant_layout: int = 0) -> torch.Tensor:
+    """x [rows, n] fp32 (updated in place when delta is given), w [n] fp32 -> out [rows, n];
+    with quant_out=(q, d, s16) also out quantized as quantize_act(out, quant_layout) would."""
     n = x.shape[-1]
     rows = x.numel() // n
+    q, qd, qs, inv, quant, lay = _quant_args(quant_out, quant_layout, out, n)
     # a 5120-wide row in ONE tile (8 warps, 32 floats per thread): each pass is one round trip
     # to memory instead of three (the H200 step profile measured 5.9 us per call with 2048-wide
     # tiles, 129 calls per token)
     BLOCK = min(8192, triton.next_power_of_2(n))
-    _add_rmsnorm_kernel[(rows,)](x, delta if delta is not None else x, w, out, n, float(eps),
-                                 HAS_DELTA=delta is not None, BLOCK=BLOCK,
-                                 num_warps=8 if BLOCK >= 4096 else 4)
+    _add_rmsnorm_kernel[(rows,)](x, delta if delta is not None else x, w, out, q, qd, qs, inv,
+                                 n, float(eps), HAS_DELTA=delta is not None, BLOCK=BLOCK,
+                                 QUANT=quant, LAYOUT=lay, num_warps=8 if BLOCK >= 4096 else 4)
     return out
 
 
 def add_rmsnorm_ref(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float,
-                    out: torch.Tensor) -> torch.Tensor:
+                    out: torch.Tensor, quant_out=None, quant_layout: int = 0) -> torch.Tensor:
     if delta is not None:
         x.add_(delta)
     ms = x.to(torch.float64).pow(2).mean(-1, keepdim=True)
     out.copy_(x * torch.rsqrt(ms + eps).to(x.dtype) * w.to(x.dtype))
+    _quant_ref(out, quant_out, quant_layout, x.shape[-1])
     return out
 
 
 # ---- SwiGLU -------------------------------------------------------------------------------------
 @triton.jit
-def _swiglu_kernel(g_ptr, u_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    g = tl.load(g_ptr + offs, mask=m, other=0.0)
-    u = tl.load(u_ptr + offs, mask=m, other=0.0)
-    tl.store(out_ptr + offs, g / (1.0 + tl.exp(-g)) * u, mask=m)
+def _swiglu_kernel(g_ptr, u_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, inv_ptr, n,
+                   BLOCK: tl.constexpr, QUANT: tl.constexpr, LAYOUT: tl.constexpr):
+    if QUANT:
+        # [BLOCK/32, 32] tiles of whole 32-blocks: the float output and its quantization
+        b = tl.program_id(0) * (BLOCK // 32) + tl.arange(0, BLOCK // 32)
+        bm = b < n // 32
+        offs = b[:, None] * 32 + tl.arange(0, 32)[None, :]
+        g = tl.load(g_ptr + offs, mask=bm[:, None], other=0.0)
+        u = tl.load(u_ptr + offs, mask=bm[:, None], other=0.0)
+        y = g / (1.0 + tl.exp(-g)) * u
+        tl.store(out_ptr + offs, y, mask=bm[:, None])
+        _quant_tile(y, b, bm, q_ptr, qd_ptr, qs_ptr, inv_ptr, LAYOUT)
+    else:
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        g = tl.load(g_ptr + offs, mask=m, other=0.0)
+        u = tl.load(u_ptr + offs, mask=m, other=0.0)
+        tl.store(out_ptr + offs, g / (1.0 + tl.exp(-g)) * u, mask=m)
 
 
-def swiglu(g: torch.Tensor, u: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def swiglu(g: torch.Tensor, u: torch.Tensor, out: torch.Tensor, quant_out=None,
+           quant_layout: int = 0) -> torch.Tensor:
+    """out = silu(g) * u (flat); with quant_out=(q, d, s16) also out quantized as
+    quantize_act(out, quant_layout) would, over out's last axis."""
     n = g.numel()
     BLOCK = 1024
-    _swiglu_kernel[(triton.cdiv(n, BLOCK),)](g, u, out, n, BLOCK=BLOCK, num_warps=4)
+    q, qd, qs, inv, quant, lay = _quant_args(quant_out, quant_layout, out, out.shape[-1])
+    _swiglu_kernel[(triton.cdiv(n, BLOCK),)](g, u, out, q, qd, qs, inv, n, BLOCK=BLOCK,
+                                             QUANT=quant, LAYOUT=lay, num_warps=4)
     return out
 
 
-def swiglu_ref(g: torch.Tensor, u: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def swiglu_ref(g: torch.Tensor, u: torch.Tensor, out: torch.Tensor, quant_out=None,
+               quant_layout: int = 0) -> torch.Tensor:
     out.copy_(F.silu(g) * u)
+    _quant_ref(out, quant_out, quant_layout, out.shape[-1])
     return out
 
 
 # ---- gated RMSNorm (GDN output) -----------------------------------------------------------------
 @triton.jit
-def _gated_rmsnorm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, S, eps, BLOCK: tl.constexpr):
+def _gated_rmsnorm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, inv_ptr, S, eps,
+                          BLOCK: tl.constexpr, QUANT: tl.constexpr, LAYOUT: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     m = offs < S
     base = row.to(tl.int64) * S
     o = tl.load(o_ptr + base + offs, mask=m, other=0.0)
-    z = tl.load(z_ptr + base + offs, mask=m, other=0.0)
-    w = tl.load(w_ptr + offs, mask=m, other=0.0)
     r = 1.0 / tl.sqrt(tl.sum(o * o, axis=0) / S + eps)
-    tl.store(out_ptr + base + offs, o * r * w * (z / (1.0 + tl.exp(-z))), mask=m)
+    if QUANT:
+        # the same r (same 1-D reduction), then [BLOCK/32, 32] tiles of the row's 32-blocks
+        nblk = S // 32
+        lb = tl.arange(0, BLOCK // 32)
+        bm = lb < nblk
+        offs2 = lb[:, None] * 32 + tl.arange(0, 32)[None, :]
+        o2 = tl.load(o_ptr + base + offs2, mask=bm[:, None], other=0.0)
+        z2 = tl.load(z_ptr + base + offs2, mask=bm[:, None], other=0.0)
+        w2 = tl.load(w_ptr + offs2, mask=bm[:, None], other=0.0)
+        y = o2 * r * w2 * (z2 / (1.0 + tl.exp(-z2)))
+        tl.store(out_ptr + base + offs2, y, mask=bm[:, None])
+        _quant_tile(y, row * nblk + lb, bm, q_ptr, qd_ptr, qs_ptr, inv_ptr, LAYOUT)
+    else:
+        z = tl.load(z_ptr + base + offs, mask=m, other=0.0)
+        w = tl.load(w_ptr + offs, mask=m, other=0.0)
+        tl.store(out_ptr + base + offs, o * r * w * (z / (1.0 + tl.exp(-z))), mask=m)
 
 
 def gated_rmsnorm(o: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float,
-                  out: torch.Tensor) -> torch.Tensor:
-    """o, z [..., S] fp32 (rows = heads), w [S] -> out = rmsnorm(o) * w * silu(z)."""
+                  out: torch.Tensor, quant_out=None, quant_layout: int = 0) -> torch.Tensor:
+    """o, z [..., S] fp32 (rows = heads), w [S] -> out = rmsnorm(o) * w * silu(z); with
+    quant_out=(q, d, s16) also out (all rows as one vector) quantized as quantize_act would
+    (S a multiple of 32, so no 32-block straddles two heads)."""
     S = o.shape[-1]
     rows = o.numel() // S
-    _gated_rmsnorm_kernel[(rows,)](o, z, w, out, S, float(eps),
-                                   BLOCK=triton.next_power_of_2(S), num_warps=1)
+    q, qd, qs, inv, quant, lay = _quant_args(quant_out, quant_layout, out, S)
+    _gated_rmsnorm_kernel[(rows,)](o, z, w, out, q, qd, qs, inv, S, float(eps),
+                                   BLOCK=triton.next_power_of_2(S), QUANT=quant, LAYOUT=lay,
+                                   num_warps=1)
     return out
 
 
 def gated_rmsnorm_ref(o: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float,
-                      out: torch.Tensor) -> torch.Tensor:
+                      out: torch.Tensor, quant_out=None, quant_layout: int = 0) -> torch.Tensor:
     ms = o.to(torch.float64).pow(2).mean(-1, keepdim=True)
     out.copy_(o * torch.rsqrt(ms + eps).to(o.dtype) * w * F.silu(z))
+    _quant_ref(out, quant_out, quant_layout, o.shape[-1])
     return out
 
 

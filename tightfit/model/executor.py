@@ -20,8 +20,12 @@ bank and advances the device position; the host reads the status lazily (`GPUSta
 end of each forward unless `lazy_check`).
 
 Matrices: `tightfit.kernels.gemv` for the formats it supports (activations quantized once per
-input and layout, shared by the matrices reading the same input); on the CPU (tests) a torch
-path: float views for F32/F16/BF16, per-call NumPy dequantization for quantized blocks.
+input and layout, shared by the matrices reading the same input; the kernels producing an input
+- add+RMSNorm, SwiGLU, gated RMSNorm - write that int8 copy themselves for the first quantize_act
+layout among its readers (norm.py quant_out=, bit-identical to quantizing after; the attention
+output is still quantized by a separate launch), TIGHTFIT_FUSE_QUANT=0 turns this off); on the
+CPU (tests) a torch path: float views for F32/F16/BF16, per-call NumPy dequantization for
+quantized blocks.
 Embedding (`device_embed=`): on the device when the table is there (the plan's arena; on the
 legacy path a device copy only with TIGHTFIT_DEVICE_EMBED=1 or device_embed=True) and
 tightfit.kernels.embed has a capturable kernel for its type; otherwise (fallback) the row is
@@ -250,6 +254,12 @@ class GPUModel:
                 raise UserError("CUDA graphs cannot capture a step with host-computed rows")
             self.use_graphs = False
         self._alloc_buffers()
+        # fused activation quantization (norm.py quant_out=): the producers of GEMV inputs
+        # (add+RMSNorm, SwiGLU, gated RMSNorm) write the int8 copy themselves, so `_linears`
+        # skips the separate quantize launch; TIGHTFIT_FUSE_QUANT=0 turns it off
+        self.fuse_quant = (self.use_triton and
+                           os.environ.get("TIGHTFIT_FUSE_QUANT", "1").strip() != "0")
+        self._fresh: set = set()     # (input address, layout) written by a fused producer
         self._embed_dev = self._device_embedding(device_embed)
         # the ops: Triton kernels on the GPU (or under the interpreter), torch references on CPU
         t = self.use_triton
@@ -418,6 +428,41 @@ class GPUModel:
             self._qa[key] = qa
         return quantize_into(x, layout, qa)
 
+    def _fused_target(self, x: torch.Tensor, names: Sequence[str]):
+        """(key, act) when the producer of x can write x's int8 copy for the matrices `names`
+        (the next `_linears` on x) itself: fusion is on and one of their layouts is a
+        quantize_act layout (v1 layouts 0-3, or the CUDA layout 200 = layout 0 buffers); the
+        first such matrix's layout is fused, any other layouts are quantized by `_linears` as
+        before. None otherwise."""
+        if not self.fuse_quant or x.shape[-1] % 32:
+            return None
+        from tightfit.kernels.gemv_route import is_cuda, new_act
+        from tightfit.kernels.quantize_act import LAYOUTS
+        lays = [L.layout for n in names if (L := self.lin.get(n)) is not None
+                and L.kind == "quant" and (is_cuda(L.layout) or 0 <= L.layout < len(LAYOUTS))]
+        if not lays:
+            return None
+        lay = lays[0]
+        key = (x.data_ptr(), lay)
+        qa = self._qa.get(key)
+        if qa is None:
+            if self.placed is not None:
+                return None                    # _quant raises the planning error
+            n, k = x.shape
+            qa = self._qa[key] = new_act(lay, n, k, x.device)
+        return key, qa
+
+    def _produce(self, op, x: torch.Tensor, names: Sequence[str], *args) -> None:
+        """op(*args) writing x (the float input of the matrices `names`); fused with the
+        quantization of x when `_fused_target` allows it."""
+        t = self._fused_target(x, names)
+        if t is None:
+            op(*args)
+            return
+        key, qa = t
+        op(*args, quant_out=(qa.q, qa.d, qa.s16), quant_layout=qa.layout)
+        self._fresh.add(key)
+
     def _linears(self, x: torch.Tensor, pairs: Sequence[tuple[str, torch.Tensor]]) -> None:
         """out = x . W^T for each (tensor name, out buffer); x quantized once per layout.
         A split matrix writes out[:, :gpu_rows] on the device and out[:, gpu_rows:] from its host
@@ -437,7 +482,12 @@ class GPUModel:
             o = out if name not in self.hostw else out.view(1, -1)[:, :L.n_out]
             if L.kind == "quant":
                 if L.layout not in acts:
-                    acts[L.layout] = self._quant(x, L.layout)
+                    key = (x.data_ptr(), L.layout)
+                    if key in self._fresh:     # its producer wrote the int8 copy this step
+                        self._fresh.discard(key)
+                        acts[L.layout] = self._qa[key]
+                    else:
+                        acts[L.layout] = self._quant(x, L.layout)
                 gemv_act(acts[L.layout], L.raw, L.qtype, L.n_out, o, self._gemv_part)
             elif L.kind == "float":
                 gm.gemv(x, L.raw, L.qtype, L.n_out, L.n_in, out=o)
@@ -555,25 +605,24 @@ class GPUModel:
     def _gdn(self, il: int, st: GPUState) -> None:
         c, p = self.config, f"blk.{il}."
         slot = st.rec_slot[il]
-        self._linears(self.xn, [(p + "attn_qkv.weight", self.u), (p + "attn_gate.weight", self.zg),
-                                (p + "ssm_beta.weight", self.beta),
-                                (p + "ssm_alpha.weight", self.alpha)])
+        self._linears(self.xn, list(zip(self._in_mats(il), (self.u, self.zg, self.beta,
+                                                             self.alpha))))
         self.op_conv(self.u.view(-1), st.conv, self.vec[p + "ssm_conv1d.weight"], self.y,
                      st.status, slot)
         self.op_gdn(self.y, self.alpha, self.beta, self.vec[p + "ssm_dt.bias"],
                     self.vec[p + "ssm_a"], st.ssm, self.o, st.status, slot, c.ssm_k_heads,
                     c.rms_eps)
-        self.op_gnorm(self.o, self.zg.view(c.ssm_v_heads, c.ssm_state),
-                      self.vec[p + "ssm_norm.weight"], c.rms_eps,
-                      self.on.view(c.ssm_v_heads, c.ssm_state))
+        fuse = [p + "ssm_out.weight"] if c.ssm_state % 32 == 0 else []   # whole 32-blocks
+        self._produce(self.op_gnorm, self.on, fuse, self.o,
+                      self.zg.view(c.ssm_v_heads, c.ssm_state), self.vec[p + "ssm_norm.weight"],
+                      c.rms_eps, self.on.view(c.ssm_v_heads, c.ssm_state))
         self._linears(self.on, [(p + "ssm_out.weight", self.mix)])
 
     def _attention(self, il: int, st: GPUState, mode: str) -> None:
         c, p = self.config, f"blk.{il}."
         s = st.attn_slot[il]
         H, D = c.n_head, c.head_dim
-        self._linears(self.xn, [(p + "attn_q.weight", self.qg), (p + "attn_k.weight", self.kk),
-                                (p + "attn_v.weight", self.vv)])
+        self._linears(self.xn, list(zip(self._in_mats(il), (self.qg, self.kk, self.vv))))
         qg = self.qg.view(H, 2 * D)
         self.op_qk(qg, self.kk.view(-1), self.vv.view(-1), self.vec[p + "attn_q_norm.weight"],
                    self.vec[p + "attn_k_norm.weight"], self.cos, self.sin, st.k[s], st.v[s],
@@ -583,27 +632,39 @@ class GPUModel:
                      n_chunks=nch, chunk=self.chunk)
         self._linears(self.ao, [(p + "attn_output.weight", self.mix)])
 
+    def _in_mats(self, il: int) -> list[str]:
+        """The matrices reading block il's normed input xn (its mixer's input projections)."""
+        p = f"blk.{il}."
+        if self.config.is_recurrent(il):
+            return [p + "attn_qkv.weight", p + "attn_gate.weight", p + "ssm_beta.weight",
+                    p + "ssm_alpha.weight"]
+        return [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+
     def _step(self, st: GPUState, mode: str, head: bool, feed: bool = False) -> None:
         """One token: its embedding row (from tok_id on the device path, else x holds it
         already), 64 blocks, logits (if head; with feed their argmax goes to tok_id for the next
         step), commit."""
         c = self.config
         eps = c.rms_eps
+        self._fresh.clear()
         if self._embed_dev is not None:
             self._embed_step()
         for il in range(c.n_layer):
             p = f"blk.{il}."
-            self.op_norm(self.x, self.ffo if il else None, self.vec[p + "attn_norm.weight"], eps,
-                         self.xn)
+            self._produce(self.op_norm, self.xn, self._in_mats(il), self.x,
+                          self.ffo if il else None, self.vec[p + "attn_norm.weight"], eps, self.xn)
             if c.is_recurrent(il):
                 self._gdn(il, st)
             else:
                 self._attention(il, st, mode)
-            self.op_norm(self.x, self.mix, self.vec[p + "post_attention_norm.weight"], eps, self.xn)
-            self._linears(self.xn, [(p + "ffn_gate.weight", self.g), (p + "ffn_up.weight", self.up)])
-            self.op_swiglu(self.g, self.up, self.h)
+            ffn = [p + "ffn_gate.weight", p + "ffn_up.weight"]
+            self._produce(self.op_norm, self.xn, ffn, self.x, self.mix,
+                          self.vec[p + "post_attention_norm.weight"], eps, self.xn)
+            self._linears(self.xn, list(zip(ffn, (self.g, self.up))))
+            self._produce(self.op_swiglu, self.h, [p + "ffn_down.weight"], self.g, self.up, self.h)
             self._linears(self.h, [(p + "ffn_down.weight", self.ffo)])
-        self.op_norm(self.x, self.ffo, self.vec["output_norm.weight"], eps, self.xn)
+        self._produce(self.op_norm, self.xn, ["output.weight"] if head else [], self.x, self.ffo,
+                      self.vec["output_norm.weight"], eps, self.xn)
         if head:
             self._linears(self.xn, [("output.weight", self.logits)])
             if feed:

@@ -1,0 +1,123 @@
+"""The producer kernels of norm.py with the activation quantization fused in (`quant_out=`):
+add+RMSNorm, SwiGLU and the gated RMSNorm write the float output AND q / d / s16 bit-identical to
+running the unfused kernel and then tightfit.kernels.quantize_act.quantize_act on its output (the
+`*_ref(..., quant_out=)` references are exactly that pair). Fresh random inputs, the decode step's
+sizes (5120, 6144, 17408) and tiny ones, under TRITON_INTERPRET=1 on the CPU or on a GPU."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tightfit.kernels import norm as N  # noqa: E402
+from tightfit.kernels.quantize_act import QuantAct, quantize_act  # noqa: E402
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and
+                                not torch.cuda.is_available(),
+                                reason="needs TRITON_INTERPRET=1 or a GPU")
+DEV = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+
+
+def _bufs(rows, k, junk=True):
+    """q / d / s16 for [rows, k], filled with junk so that unwritten entries show."""
+    q = torch.full((rows, k), 99 if junk else 0, dtype=torch.int8, device=DEV)
+    d = torch.full((rows, k // 32), -7.0 if junk else 0.0, dtype=torch.float32, device=DEV)
+    s = torch.full((rows, k // 16), 12345 if junk else 0, dtype=torch.int32, device=DEV)
+    return q, d, s
+
+
+def _unfused_quant(out, rows, k, layout):
+    """quantize_act after the unfused kernel, the oracle of the fused write."""
+    q, d, s = _bufs(rows, k, junk=False)
+    quantize_act(out.reshape(rows, k), layout, out=QuantAct(q, d, s, layout, rows, k))
+    return q, d, s
+
+
+def _same(a, b):
+    for x, y in zip(a, b):
+        assert x.dtype == y.dtype and torch.equal(x.cpu(), y.cpu()), \
+            (x.dtype, (x.cpu() != y.cpu()).sum().item())
+
+
+def _rand(shape, g, scale=1.0):
+    x = torch.randn(*shape, generator=g) * scale
+    # a few exact zeros and an all-zero 32-block (amax = 0: d = 0, q = 0)
+    flat = x.view(-1)
+    flat[:: 97] = 0.0
+    flat[32:64] = 0.0
+    return x.to(DEV)
+
+
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("rows,n,delta", [(1, 5120, True), (1, 6144, False), (1, 17408, True),
+                                          (2, 64, True), (1, 96, False)])
+def test_add_rmsnorm_quant(rows, n, delta, layout):
+    g = torch.Generator().manual_seed(n + rows + 7 * layout)
+    x = _rand((rows, n), g, 3.0)
+    dl = _rand((rows, n), g) if delta else None
+    w = torch.randn(n, generator=g).to(DEV)
+    x_u, x_f = x.clone(), x.clone()
+    o_u, o_f = torch.empty_like(x), torch.empty_like(x)
+    N.add_rmsnorm(x_u, dl, w, 1e-6, o_u)                     # unfused kernel ...
+    want = _unfused_quant(o_u, rows, n, layout)              # ... then quantize_act
+    got = _bufs(rows, n)
+    N.add_rmsnorm(x_f, dl, w, 1e-6, o_f, quant_out=got, quant_layout=layout)
+    assert torch.equal(x_f.cpu(), x_u.cpu()) and torch.equal(o_f.cpu(), o_u.cpu())
+    _same(got, want)
+    # the reference pair through the same API
+    ref = _bufs(rows, n)
+    N.add_rmsnorm_ref(x.clone(), dl, w, 1e-6, torch.empty_like(x), quant_out=ref,
+                      quant_layout=layout)
+    assert (ref[0].cpu().float() - got[0].cpu().float()).abs().max() <= 1
+
+
+@pytest.mark.parametrize("layout", [0, 3])
+@pytest.mark.parametrize("n", [17408, 6144, 5120, 64, 1056])
+def test_swiglu_quant(n, layout):
+    g = torch.Generator().manual_seed(n + 11 * layout)
+    a, b = _rand((1, n), g, 4.0), _rand((1, n), g, 2.0)
+    o_u, o_f = torch.empty_like(a), torch.empty_like(a)
+    N.swiglu(a, b, o_u)
+    want = _unfused_quant(o_u, 1, n, layout)
+    got = _bufs(1, n)
+    N.swiglu(a, b, o_f, quant_out=got, quant_layout=layout)
+    assert torch.equal(o_f.cpu(), o_u.cpu())
+    _same(got, want)
+    ref = _bufs(1, n)
+    N.swiglu_ref(a, b, torch.empty_like(a), quant_out=ref, quant_layout=layout)
+    assert (ref[0].cpu().float() - got[0].cpu().float()).abs().max() <= 1
+
+
+@pytest.mark.parametrize("layout", [0, 2])
+@pytest.mark.parametrize("rows,S", [(48, 128), (6, 128), (4, 64), (3, 32), (2, 96)])
+def test_gated_rmsnorm_quant(rows, S, layout):
+    g = torch.Generator().manual_seed(rows * S + layout)
+    o, z = _rand((rows, S), g, 2.0), _rand((rows, S), g, 3.0)
+    w = torch.randn(S, generator=g).to(DEV)
+    o_u, o_f = torch.empty_like(o), torch.empty_like(o)
+    N.gated_rmsnorm(o, z, w, 1e-6, o_u)
+    k = rows * S                                  # the consumer reads all heads as one vector
+    want = _unfused_quant(o_u, 1, k, layout)
+    got = _bufs(1, k)
+    N.gated_rmsnorm(o, z, w, 1e-6, o_f, quant_out=got, quant_layout=layout)
+    assert torch.equal(o_f.cpu(), o_u.cpu())
+    _same(got, want)
+    ref = _bufs(1, k)
+    N.gated_rmsnorm_ref(o, z, w, 1e-6, torch.empty_like(o), quant_out=ref, quant_layout=layout)
+    assert (ref[0].cpu().float() - got[0].cpu().float()).abs().max() <= 1
+
+
+def test_quant_out_checks():
+    x = torch.randn(1, 48, device=DEV)
+    w = torch.ones(48, device=DEV)
+    with pytest.raises(ValueError, match="32-blocks"):
+        N.add_rmsnorm(x, None, w, 1e-6, torch.empty_like(x), quant_out=_bufs(1, 48))
+    x = torch.randn(1, 64, device=DEV)
+    with pytest.raises(ValueError, match="layout"):
+        N.add_rmsnorm(x, None, torch.ones(64, device=DEV), 1e-6, torch.empty_like(x),
+                      quant_out=_bufs(1, 64), quant_layout=7)
+    with pytest.raises(ValueError, match="do not match"):
+        N.swiglu(x, x, torch.empty_like(x), quant_out=_bufs(1, 32))
