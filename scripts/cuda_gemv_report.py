@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Registers / spills of every CUDA GEMV instantiation (nvcc -cubin -Xptxas -v, offline, no GPU).
 
-    python3 scripts/cuda_gemv_report.py [--arch sm_90] [--main-only]
+    python3 scripts/cuda_gemv_report.py [--arch sm_90] [--main-only] [--kern v1|v2|v2h|v3]
 """
 from __future__ import annotations
 
@@ -18,14 +18,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--main-only", action="store_true", help="leave out gemv_fmt_lowbit.cuh")
+    ap.add_argument("--kern", default=None, help="kernel variant (default: TIGHTFIT_CU_GEMV or v1)")
+    ap.add_argument("--formats", default="", help="comma list of struct names, e.g. F_Q4_K,F_Q6_K")
     a = ap.parse_args()
-    rows = compile_report(a.arch, lowbit=False if a.main_only else None)
+    rows = compile_report(a.arch, lowbit=False if a.main_only else None, kern=a.kern)
+    if a.formats:
+        keep = set(a.formats.split(","))
+        rows = [r for r in rows if r["format"] in keep]
     by = {}
     for r in rows:
         by.setdefault((r["format"], r["type"]), {})[r["nc"]] = r
     ncs = sorted({r["nc"] for r in rows})
     print(f"{'format':10s} {'type':>4s} " + " ".join(f"{'NC=' + str(n):>8s}" for n in ncs)
-          + "   (registers, *spills)")
+          + "   (registers, *spills)" + (f"  kern={a.kern}" if a.kern else ""))
     bad = 0
     for (f, t), d in sorted(by.items(), key=lambda kv: kv[0][1]):
         cells = []

@@ -38,10 +38,11 @@ _geom: dict[tuple, tuple] = {}
 _streams: dict[int, object] = {}
 
 
-KERNS = ("v1", "v2", "v2h")
+KERNS = ("v1", "v2", "v2h", "v3")
 # v1 is the kernel measured on the H200 (bench/RESULTS.md session 3 call 4); v2/v2h (IQ4_XS and
 # Q5_K loads issued ahead of compute) pass the host harness but have not run on a GPU yet: select
-# them with TIGHTFIT_CU_GEMV=v2 / config kern until a device run measures them
+# them with TIGHTFIT_CU_GEMV=v2 / config kern until a device run measures them. v3 (x staged in
+# shared memory, 2 rows per warp reusing each column's x words; NC >= 2) is unmeasured as well.
 DEFAULT_KERN = "v1"
 
 
@@ -50,7 +51,9 @@ def _kern(config: dict | None = None) -> str:
     v1: the previous kernel + dot bodies (source compiled with TF_GEMV_V1=1, tf_gemv).
     v2: tf_gemv2 (block loop with fixed part, two-phase load/compute for IQ4_XS / Q5_K, U=4 at
         NC <= 2 for those, cheaper IQ4 lookup). v2h: v2, but NC = 1 uses tf_gemv2h (min 4
-        CTAs/SM, <= 64 registers: ptxas keeps the U items' loads hoisted)."""
+        CTAs/SM, <= 64 registers: ptxas keeps the U items' loads hoisted).
+    v3: tf_gemv3 for NC >= V3_MIN_NC (x staged in shared memory per CTA, RPW rows per warp,
+        v2 format bodies); NC below that runs tf_gemv with the v2 bodies."""
     k = (config or {}).get("kern") or os.environ.get("TIGHTFIT_CU_GEMV") or DEFAULT_KERN
     k = str(k).strip().lower()
     if k not in KERNS:
@@ -58,9 +61,14 @@ def _kern(config: dict | None = None) -> str:
     return k
 
 
+def _prefix(kern: str) -> str:
+    """Defines prepended to the source: v1 -> the v1 dot bodies; v3 -> TF_CSE_FRIENDLY (tf_dp4a /
+    tf_h2f without volatile asm, so NVVM can merge the identical x loads of a warp's rows)."""
+    return {"v1": "#define TF_GEMV_V1 1\n", "v3": "#define TF_CSE_FRIENDLY 1\n"}.get(kern, "")
+
+
 def _source(kern: str) -> str:
-    src = formats_source(True)
-    return ("#define TF_GEMV_V1 1\n" + src) if kern == "v1" else src
+    return _prefix(kern) + formats_source(True)
 
 
 def _mode() -> str:
@@ -120,12 +128,52 @@ def pick_wpr(qtype: int, n_in: int, n_out: int) -> int:
     return wpr
 
 
+def pick_wpr_v3(n_in: int, n_out: int, nc: int, sms: int = 132) -> int:
+    """v3 warps per row group: 1 unless the grid would have < 2 CTAs per SM (132 SMs on the H200),
+    then 2 when the chunk has items for it (KC >= 2048) and K has >= 2 chunks' worth of work.
+    TIGHTFIT_CU_WPR overrides (clipped to what the chunk allows)."""
+    kc, rpw = v3_geom(nc)
+    wmax = kc // 1024
+    env = os.environ.get("TIGHTFIT_CU_WPR")
+    if env:
+        return max(1, min(int(env), wmax))
+    rpc = WARPS * rpw
+    if (n_out + rpc - 1) // rpc < 2 * sms and wmax >= 2 and n_in >= 2 * kc:
+        return 2
+    return 1
+
+
 TWO_PHASE = ("F_IQ4_XS", "F_Q5_K")   # formats with Raw/load/compute (gemv_fmt_main.cuh, v2 only)
+
+# v3 (tf_gemv3, gemv_kernel.cuh): every format, NC >= V3_MIN_NC. At NC = 1 there is no x reuse to
+# win (x is 1 byte per weight per column, the weights ~0.5 byte: L1 keeps up) and the staging adds
+# two barriers per chunk, so N = 1 keeps the v1 kernel structure.
+V3_MIN_NC = 2
+
+
+def v3_geom(nc: int) -> tuple[int, int]:
+    """(KC elements per staged chunk, RPW rows per warp) of tf_gemv3<F, nc> -- mirrors
+    tf_v3_geom in gemv_kernel.cuh (tests/test_gemv_cuda_v3.py checks the two agree)."""
+    return (2048, 2) if nc <= 8 else (1024, 1)
+
+
+def v3_smem(nc: int, s16: bool = True) -> int:
+    """Static shared memory of tf_gemv3 (two staging buffers + reduction), bytes; < 48 KiB."""
+    kc, rpw = v3_geom(nc)
+    buf = nc * kc + nc * (kc // 32) * 4 + (nc * (kc // 16) * 4 if s16 else 0)
+    return 2 * buf + WARPS * rpw * nc * 4
+
+
+def _v3(kern: str, nc: int) -> bool:
+    return kern == "v3" and nc >= V3_MIN_NC
 
 
 def _kname(kern: str, nc: int, name: str = "") -> str:
-    """v2 / v2h change only the two-phase formats; every other format keeps tf_gemv."""
-    if kern == "v1" or name not in TWO_PHASE:
+    """v2 / v2h change only the two-phase formats; every other format keeps tf_gemv.
+    v3: tf_gemv3 for every format at NC >= V3_MIN_NC, else tf_gemv."""
+    if _v3(kern, nc):
+        return "tf_gemv3"
+    if kern in ("v1", "v3") or name not in TWO_PHASE:
         return "tf_gemv"
     return "tf_gemv2h" if (kern == "v2h" and nc == 1) else "tf_gemv2"
 
@@ -203,13 +251,24 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
         wpr = int((config or {}).get("wpr", 0)) or pick_wpr(qtype, k, n_out)
         if wpr not in (1, 2, 4, 8):
             raise ValueError(f"CUDA GEMV: wpr {wpr} not in 1, 2, 4, 8")
-        rows_per_cta = WARPS // wpr
-        grid = ((int(n_out) + rows_per_cta - 1) // rows_per_cta, 1, 1)
         mods = _module(qtype, dev.index, kern)
-        launches = [(mods[nc], c0, nc) for c0, nc in _chunks(n)]
-        g = (rb, grid, wpr.bit_length() - 1, launches)
+        launches = []
+        for c0, nc in _chunks(n):
+            if _v3(kern, nc):
+                kc, rpw = v3_geom(nc)
+                w3 = int((config or {}).get("wpr", 0)) or pick_wpr_v3(k, n_out, nc)
+                if w3 not in (1, 2, 4, 8) or w3 > kc // 1024:
+                    raise ValueError(f"CUDA GEMV v3: wpr {w3} not in 1..{kc // 1024} (NC={nc})")
+                rpc = WARPS // w3 * rpw
+                launches.append((mods[nc], c0, nc, ((int(n_out) + rpc - 1) // rpc, 1, 1),
+                                 w3.bit_length() - 1))
+            else:
+                rpc = WARPS // wpr
+                launches.append((mods[nc], c0, nc, ((int(n_out) + rpc - 1) // rpc, 1, 1),
+                                 wpr.bit_length() - 1))
+        g = (rb, launches)
         _geom[gkey] = g
-    rb, grid, wlog, launches = g
+    rb, launches = g
     if w_raw.dtype != torch.uint8 or w_raw.numel() != n_out * rb or not w_raw.is_contiguous():
         raise ValueError(f"CUDA GEMV: weights must be contiguous uint8 with {n_out * rb} bytes, "
                          f"got {w_raw.dtype} {tuple(w_raw.shape)}")
@@ -225,12 +284,13 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
     stream = _stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
     pw, pq, pd, ps, py = (w_raw.data_ptr(), q.data_ptr(), d.data_ptr(), s16.data_ptr(),
                           out.data_ptr())
-    K, N_OUT, W = np.int32(k), np.int32(n_out), np.int32(wlog)
+    K, N_OUT = np.int32(k), np.int32(n_out)
     with stream:
-        for fn, c0, _nc in launches:
+        for fn, c0, _nc, grid, wlog in launches:
             fn(grid, (THREADS, 1, 1),
                (np.uint64(pw), np.uint64(pq + c0 * k), np.uint64(pd + c0 * (k // 32) * 4),
-                np.uint64(ps + c0 * (k // 16) * 4), np.uint64(py + c0 * n_out * 4), N_OUT, K, W))
+                np.uint64(ps + c0 * (k // 16) * 4), np.uint64(py + c0 * n_out * 4), N_OUT, K,
+                np.int32(wlog)))
     return out
 
 
@@ -238,9 +298,7 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
 def report_source(lowbit: bool | None = None, kern: str | None = None
                   ) -> tuple[str, list[tuple[str, int, int]]]:
     kern = kern or _kern()
-    src = formats_source(True, lowbit=lowbit)
-    if kern == "v1":
-        src = "#define TF_GEMV_V1 1\n" + src
+    src = _prefix(kern) + formats_source(True, lowbit=lowbit)
     inst, rows = [], []
     for name, t in format_list(src):
         for nc in NCS:
@@ -278,4 +336,4 @@ def compile_report(arch: str = "sm_90", nvcc: str | None = None,
 
 
 __all__ = ["available", "supported", "gemv_cuda", "prepare", "pick_wpr", "compile_report",
-           "NCS", "source_hash"]
+           "NCS", "source_hash", "KERNS", "v3_geom", "v3_smem", "pick_wpr_v3"]

@@ -32,7 +32,14 @@ typedef unsigned long long uint64_t;
 
 // ---------------------------------------------------------------- arithmetic
 TF_DEV int tf_dp4a(int a, int b, int c) {
-#if TF_DEVICE
+#if TF_DEVICE && defined(TF_CSE_FRIENDLY)
+  // CUDA's __dp4a is `asm volatile`, which NVVM treats as a memory side effect: no load is reused
+  // across it. A plain (non-volatile, no memory clobber) asm lets identical shared loads of the v3
+  // kernel's rows be merged.
+  int r;
+  asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+#elif TF_DEVICE
   return __dp4a(a, b, c);
 #else
   for (int k = 0; k < 4; ++k)
@@ -70,7 +77,14 @@ TF_DEV uint32_t tf_funnel_r(uint32_t lo, uint32_t hi, uint32_t sh) {
 }
 
 TF_DEV float tf_h2f(uint16_t h) {
-#if TF_DEVICE
+#if TF_DEVICE && defined(TF_CSE_FRIENDLY)
+  // plain integer/float arithmetic instead of inline asm: NVVM treats an asm statement as touching
+  // memory, which stops it from reusing loads across it (the v3 kernel relies on that reuse).
+  // Exact for zero, subnormal and normal fp16 (the 2^112 rescale is exact; needs no FTZ, i.e. no
+  // --use_fast_math / -ftz); inf/NaN -> finite.
+  const uint32_t b = ((uint32_t)(h & 0x8000u) << 16) | ((uint32_t)(h & 0x7FFFu) << 13);
+  return __uint_as_float(b) * 5.192296858534828e33f;   // 2^112
+#elif TF_DEVICE
   float f;  // no <cuda_fp16.h> needed (NVRTC without include paths)
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
   return f;

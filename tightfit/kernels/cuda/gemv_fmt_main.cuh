@@ -16,6 +16,7 @@
 
 // ------------------------------------------------------------------ Q8_0 (type 8)
 // d f16 @0, 32 x int8 @2.  One lane per block (34 bytes, 2-byte aligned).
+#if TF_GEMV_V1
 struct F_Q8_0 {
   static constexpr int TYPE = 8, QK = 32, BB = 34, PARTS = 1;
   template <int NC>
@@ -39,6 +40,45 @@ struct F_Q8_0 {
     }
   }
 };
+#else
+// load/compute split (Raw): the v3 kernel loads every item of a chunk first and then runs compute<1>
+// column by column for all its rows, reusing each column's x words across the rows.
+struct F_Q8_0 {
+  static constexpr int TYPE = 8, QK = 32, BB = 34, PARTS = 1;
+  struct Raw { uint32_t d, q[8]; };
+  TF_DEV static void load(const uint8_t* __restrict__ blk, int part, Raw& r) {
+    (void)part;
+    r.d = tf_ld_u16(blk);
+    tf_ld_words<2, 8>(blk + 2, r.q);
+  }
+  template <int NC>
+  TF_DEV static void compute(const Raw& r, int part, const int8_t* __restrict__ xq,
+                             const float* __restrict__ xd, const int* __restrict__ xs16, int K,
+                             float (&acc)[NC]) {
+    (void)part; (void)xs16;
+    const float d = tf_h2f((uint16_t)r.d);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      uint32_t x0[4], x1[4];
+      TF_X16(c, 0, x0); TF_X16(c, 16, x1);
+      int s = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s = tf_dp4a((int)r.q[i], (int)x0[i], s);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s = tf_dp4a((int)r.q[4 + i], (int)x1[i], s);
+      acc[c] += d * xd[c * (K / 32)] * (float)s;
+    }
+  }
+  template <int NC>
+  TF_DEV static void dot(const uint8_t* __restrict__ blk, int part, const int8_t* __restrict__ xq,
+                         const float* __restrict__ xd, const int* __restrict__ xs16, int K,
+                         float (&acc)[NC]) {
+    Raw r;
+    load(blk, part, r);
+    compute<NC>(r, part, xq, xd, xs16, K, acc);
+  }
+};
+#endif
 
 // ------------------------------------------------------------------ Q4_0 (type 2)
 // d f16 @0, qs[16] @2: byte j low nibble = element j, high nibble = element j+16; w = d*(q-8).
@@ -292,6 +332,7 @@ TF_DEV void tf_k4_tail(const uint32_t (&lo)[4], const uint32_t (&hi)[4], int c, 
 // d f16 @0, dmin f16 @2, scales[12] @4, qs[128] @16: chunk c (32 bytes) = sub-block 2c in the low
 // nibbles, 2c+1 in the high nibbles; w = d*sc*q - dmin*m.  Part p: c = p/2, h = p%2 -> qs bytes
 // 16p..16p+15 (16-byte aligned load).
+#if TF_GEMV_V1
 struct F_Q4_K {
   static constexpr int TYPE = 12, QK = 256, BB = 144, PARTS = 8;
   template <int NC>
@@ -309,6 +350,47 @@ struct F_Q4_K {
     tf_k4_tail<NC>(lo, hi, c, h, dsc0, dsc1, dm0, dm1, xq, xd, xs16, K, acc);
   }
 };
+#else
+// load/compute split (Raw, see F_Q8_0); compute decodes the scales as F_Q5_K does.
+TF_DEV void tf_k4_scales_w(const uint32_t (&h)[4], int c, float& dsc0, float& dsc1, float& dm0,
+                           float& dm1) {
+  const uint32_t S0 = h[1], S1 = h[2], S2 = h[3];
+  const uint32_t scw = c < 2 ? (S0 & 0x3F3F3F3Fu) : ((S2 & TF_M4) | ((S0 >> 2) & 0x30303030u));
+  const uint32_t mw = c < 2 ? (S1 & 0x3F3F3F3Fu) : (((S2 >> 4) & TF_M4) | ((S1 >> 2) & 0x30303030u));
+  const int sh = 16 * (c & 1);
+  const float d = tf_h2f((uint16_t)h[0]), dmin = tf_h2f((uint16_t)(h[0] >> 16));
+  dsc0 = d * (float)((scw >> sh) & 0xFFu); dsc1 = d * (float)((scw >> (sh + 8)) & 0xFFu);
+  dm0 = dmin * (float)((mw >> sh) & 0xFFu); dm1 = dmin * (float)((mw >> (sh + 8)) & 0xFFu);
+}
+struct F_Q4_K {
+  static constexpr int TYPE = 12, QK = 256, BB = 144, PARTS = 8;
+  struct Raw { uint32_t h[4], w[4]; };
+  TF_DEV static void load(const uint8_t* __restrict__ blk, int part, Raw& r) {
+    tf_ld_words<16, 4>(blk + 16 + 16 * part, r.w);
+    tf_ld_words<16, 4>(blk, r.h);
+  }
+  template <int NC>
+  TF_DEV static void compute(const Raw& r, int part, const int8_t* __restrict__ xq,
+                             const float* __restrict__ xd, const int* __restrict__ xs16, int K,
+                             float (&acc)[NC]) {
+    const int c = part >> 1, h = part & 1;
+    float dsc0, dsc1, dm0, dm1;
+    tf_k4_scales_w(r.h, c, dsc0, dsc1, dm0, dm1);
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { lo[i] = r.w[i] & TF_M4; hi[i] = (r.w[i] >> 4) & TF_M4; }
+    tf_k4_tail<NC>(lo, hi, c, h, dsc0, dsc1, dm0, dm1, xq, xd, xs16, K, acc);
+  }
+  template <int NC>
+  TF_DEV static void dot(const uint8_t* __restrict__ blk, int part, const int8_t* __restrict__ xq,
+                         const float* __restrict__ xd, const int* __restrict__ xs16, int K,
+                         float (&acc)[NC]) {
+    Raw r;
+    load(blk, part, r);
+    compute<NC>(r, part, xq, xd, xs16, K, acc);
+  }
+};
+#endif
 
 // ------------------------------------------------------------------ Q5_K (type 13)
 // d @0, dmin @2, scales[12] @4, qh[32] @16 (bit j of qh[l] = fifth bit of element 32j+l),
@@ -385,6 +467,7 @@ struct F_Q5_K {
 // high 2 bits = qh[32n + l] bits 2k..2k+1, scale = scales[8n + 2k + l/16]; w = d*sc*(q-32).
 // Part p: n = p/4, kk = (p/2)&1, lh = p&1 -> ql bytes 16p..16p+15 (k = kk low nibbles, k = kk+2 high
 // nibbles), qh bytes 128+32n+16lh.., two 16-groups: elements 128n+32kk+16lh+[0..15] and +64.
+#if TF_GEMV_V1
 struct F_Q6_K {
   static constexpr int TYPE = 14, QK = 256, BB = 210, PARTS = 8;
   template <int NC>
@@ -419,6 +502,58 @@ struct F_Q6_K {
     }
   }
 };
+#else
+// load/compute split (Raw, see F_Q8_0): the two scale bytes and d are loaded in load().
+struct F_Q6_K {
+  static constexpr int TYPE = 14, QK = 256, BB = 210, PARTS = 8;
+  struct Raw { uint32_t ql[4], qh[4], sa, sb, d; };
+  TF_DEV static void load(const uint8_t* __restrict__ blk, int part, Raw& r) {
+    const int n = part >> 2, kk = (part >> 1) & 1, lh = part & 1;
+    const int gA = 8 * n + 2 * kk + lh;
+    tf_ld_words<2, 4>(blk + 16 * part, r.ql);
+    tf_ld_words<2, 4>(blk + 128 + 32 * n + 16 * lh, r.qh);
+    r.d = tf_ld_u16(blk + 208);
+    r.sa = blk[192 + gA];
+    r.sb = blk[192 + gA + 4];
+  }
+  template <int NC>
+  TF_DEV static void compute(const Raw& r, int part, const int8_t* __restrict__ xq,
+                             const float* __restrict__ xd, const int* __restrict__ xs16, int K,
+                             float (&acc)[NC]) {
+    const int n = part >> 2, kk = (part >> 1) & 1, lh = part & 1;
+    const int gA = 8 * n + 2 * kk + lh;
+    const float d = tf_h2f((uint16_t)r.d);
+    const float da = d * (float)(int8_t)(uint8_t)r.sa;
+    const float db = d * (float)(int8_t)(uint8_t)r.sb;
+    uint32_t qa[4], qb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t hs = r.qh[i] >> (2 * kk);
+      qa[i] = (r.ql[i] & TF_M4) | ((hs << 4) & 0x30303030u);
+      qb[i] = ((r.ql[i] >> 4) & TF_M4) | (hs & 0x30303030u);
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      uint32_t x0[4], x1[4];
+      TF_X16(c, 16 * gA, x0); TF_X16(c, 16 * gA + 64, x1);
+      const int* s16 = xs16 + c * (K / 16) + gA;
+      int sa = -32 * s16[0], sb = -32 * s16[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) { sa = tf_dp4a((int)qa[i], (int)x0[i], sa); sb = tf_dp4a((int)qb[i], (int)x1[i], sb); }
+      const float* xdc = xd + c * (K / 32) + (gA >> 1);
+      acc[c] += da * xdc[0] * (float)sa + db * xdc[2] * (float)sb;
+    }
+  }
+  template <int NC>
+  TF_DEV static void dot(const uint8_t* __restrict__ blk, int part, const int8_t* __restrict__ xq,
+                         const float* __restrict__ xd, const int* __restrict__ xs16, int K,
+                         float (&acc)[NC]) {
+    Raw r;
+    load(blk, part, r);
+    compute<NC>(r, part, xq, xd, xs16, K, acc);
+  }
+};
+#endif
 
 #define TF_MAIN_FORMATS(X) X(F_Q8_0, 8) X(F_Q4_0, 2) X(F_Q5_0, 6) X(F_IQ4_NL, 20) \
   X(F_IQ4_XS, 23) X(F_Q4_K, 12) X(F_Q5_K, 13) X(F_Q6_K, 14)

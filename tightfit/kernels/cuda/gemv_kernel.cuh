@@ -93,10 +93,15 @@ tf_gemv(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const floa
 // get the raw loads of all U items issued before the first compute (ptxas otherwise interleaves
 // them with the decode of the previous item, leaving ~1 item of weights in flight per lane), and
 // U = 4 at NC <= 2 for them.
-template <class F, class = void> struct tf_two_phase { static constexpr bool value = false; };
-template <class F> struct tf_two_phase<F, decltype((void)sizeof(typename F::Raw))> {
+// tf_has_raw: the format has the load()/compute() split (struct Raw). v2 uses it for IQ4_XS and
+// Q5_K only (tf_two_phase; Q8_0 / Q4_K / Q6_K got a Raw for v3 and keep v2's dot path).
+template <class F, class = void> struct tf_has_raw { static constexpr bool value = false; };
+template <class F> struct tf_has_raw<F, decltype((void)sizeof(typename F::Raw))> {
   static constexpr bool value = true;
 };
+template <class F> struct tf_two_phase { static constexpr bool value = false; };
+template <> struct tf_two_phase<F_IQ4_XS> { static constexpr bool value = tf_has_raw<F_IQ4_XS>::value; };
+template <> struct tf_two_phase<F_Q5_K> { static constexpr bool value = tf_has_raw<F_Q5_K>::value; };
 template <class F, int NC>
 struct tf_unroll2 {
   static constexpr int U = tf_two_phase<F>::value ? (NC <= 2 ? 4 : 2) : tf_unroll<F, NC>::U;
@@ -189,4 +194,215 @@ tf_gemv2h(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
           const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int wpr_log2) {
   __shared__ float red[TF_WARPS][NC];
   tf_gemv2_body<F, NC>(W, xq, xd, xs16, y, n_out, K, wpr_log2, red);
+}
+
+// ---------------------------------------------------------------- v3 (gemv_cuda kern "v3", NC >= 2)
+// x staged in shared memory per CTA. All rows of a CTA multiply the same x, so the CTA copies a
+// K-chunk of KC elements of all NC columns (int8 q, fp32 per-32 scales d, int32 per-16 sums s16)
+// into shared memory once (cp.async, double-buffered: chunk j+1 is in flight while chunk j is
+// computed) and the warps run the format's dot against the staged copy. Staged layout per buffer:
+// q[NC][KC] | d[NC][KC/32] | s16[NC][KC/16]; dot gets pointers into it and KC as its `K` argument,
+// which is exactly CONTRACT.md's column stride (xq + c*K, xd + c*(K/32), xs16 + c*(K/16)).
+// s16 is not staged for formats that never read xs16 (tf_v3_s16 below).
+//
+// Work split: a warp owns RPW rows (acc[RPW][NC]); WPR warps share a row group (KC/1024 >= WPR:
+// warp sub takes the chunk's items sub*32 + lane + u*32*WPR). Every item (block b, part p) of a
+// chunk is computed for the RPW rows back to back with the same x pointers, so after inlining the
+// x (shared) loads of rows 1.. are the same addresses as row 0's and can be reused (GVN). Weight
+// stream: the 32 lanes of a warp still read 32 consecutive items of one row (coalesced as v1);
+// U = RPW * KC/(1024*WPR) items per lane are in flight per chunk. Rows per CTA = 8/WPR * RPW.
+// Chunks: K = nchunks*KC + tail; the tail chunk (kc = K - k0 < KC, a multiple of QK) stages and
+// computes only its kc elements (item bound kc/32); every thread takes part in every barrier.
+// KC >= 1024 keeps every lane busy (QK/PARTS = 32 weights per item for every format).
+template <int NC> struct tf_v3_geom {
+  static constexpr int KC = NC <= 8 ? 2048 : 1024;   // elements per chunk
+  static constexpr int RPW = NC <= 8 ? 2 : 1;        // rows per warp (gemv_cuda.v3_rpw mirrors)
+};
+template <class F> struct tf_v3_s16 { static constexpr bool value = true; };
+template <> struct tf_v3_s16<F_Q8_0> { static constexpr bool value = false; };
+template <> struct tf_v3_s16<F_IQ4_NL> { static constexpr bool value = false; };
+template <> struct tf_v3_s16<F_IQ4_XS> { static constexpr bool value = false; };
+
+template <int NC, bool S16, int KC>
+struct tf_v3_smem {
+  static constexpr int Q = NC * KC, D = NC * (KC / 32) * 4, S = S16 ? NC * (KC / 16) * 4 : 0;
+  static constexpr int BYTES = Q + D + S;   // multiple of 16 (KC multiple of 256)
+};
+
+TF_DEV uint32_t tf_smem_addr(const void* p) {
+  uint32_t a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+TF_DEV void tf_cp16(void* s, const void* g) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(tf_smem_addr(s)), "l"(g) : "memory");
+}
+TF_DEV void tf_cp4(void* s, const void* g) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(tf_smem_addr(s)), "l"(g) : "memory");
+}
+TF_DEV void tf_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> TF_DEV void tf_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// Issue the copies of chunk [k0, k0 + kc) of NC columns into buffer `buf` (one commit group).
+template <int NC, bool S16, int KC>
+TF_DEV void tf_v3_stage(uint8_t* buf, const int8_t* __restrict__ xq, const float* __restrict__ xd,
+                        const int* __restrict__ xs16, int K, int k0, int kc) {
+  typedef tf_v3_smem<NC, S16, KC> L;
+  const int t = threadIdx.x;
+  const int nq = kc >> 4;                    // 16-byte pieces per column (kc multiple of 32)
+  for (int i = t; i < NC * nq; i += TF_THREADS) {
+    const int c = i / nq, j = i - c * nq;
+    tf_cp16(buf + c * KC + 16 * j, xq + (uint64_t)c * K + k0 + 16 * j);
+  }
+  const int nd = kc >> 5, K32 = K >> 5;
+  float* sd = (float*)(buf + L::Q);
+  for (int i = t; i < NC * nd; i += TF_THREADS) {
+    const int c = i / nd, j = i - c * nd;
+    tf_cp4(sd + c * (KC / 32) + j, xd + (uint64_t)c * K32 + (k0 >> 5) + j);
+  }
+  if (S16) {
+    const int ns = kc >> 4, K16 = K >> 4;
+    int* ss = (int*)(buf + L::Q + L::D);
+    for (int i = t; i < NC * ns; i += TF_THREADS) {
+      const int c = i / ns, j = i - c * ns;
+      tf_cp4(ss + c * (KC / 16) + j, xs16 + (uint64_t)c * K16 + (k0 >> 4) + j);
+    }
+  }
+  tf_cp_commit();
+}
+
+template <class F, int NC>
+__global__ void __launch_bounds__(TF_THREADS)
+tf_gemv3(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
+         const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int wpr_log2) {
+  constexpr int KC = tf_v3_geom<NC>::KC, RPW = tf_v3_geom<NC>::RPW;
+  constexpr bool S16 = tf_v3_s16<F>::value;
+  typedef tf_v3_smem<NC, S16, KC> L;
+  constexpr int UMAX = KC / 1024;            // items per lane per row per chunk at WPR = 1
+  __shared__ __align__(16) uint8_t xs[2][L::BYTES];
+  __shared__ float red[TF_WARPS][RPW][NC];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wpr = 1 << wpr_log2;
+  const int sub = warp & (wpr - 1);
+  const int row0 = (blockIdx.x * (TF_WARPS >> wpr_log2) + (warp >> wpr_log2)) * RPW;
+  const unsigned nb = (unsigned)K / F::QK;
+  const int p = lane % F::PARTS;
+  const uint8_t* wr[RPW];
+  bool live[RPW];
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) {   // rows past n_out compute on row 0's weights, never stored
+    live[r] = row0 + r < n_out;
+    wr[r] = W + (uint64_t)(live[r] ? row0 + r : 0) * nb * F::BB;
+  }
+  float acc[RPW][NC];
+#pragma unroll
+  for (int r = 0; r < RPW; ++r)
+#pragma unroll
+    for (int c = 0; c < NC; ++c) acc[r][c] = 0.f;
+
+  const int nchunks = (K + KC - 1) / KC;
+  tf_v3_stage<NC, S16, KC>(xs[0], xq, xd, xs16, K, 0, K < KC ? K : KC);
+  for (int j = 0; j < nchunks; ++j) {
+    const int k0 = j * KC;
+    if (j + 1 < nchunks) {
+      const int k1 = k0 + KC;
+      tf_v3_stage<NC, S16, KC>(xs[(j + 1) & 1], xq, xd, xs16, K, k1, K - k1 < KC ? K - k1 : KC);
+      tf_cp_wait<1>();
+    } else {
+      tf_cp_wait<0>();
+    }
+    __syncthreads();
+    const uint8_t* buf = xs[j & 1];
+    const int8_t* sq = (const int8_t*)buf;
+    const float* sd = (const float*)(buf + L::Q);
+    const int* ss = (const int*)(buf + L::Q + L::D);
+    const int nit = (K - k0 < KC ? K - k0 : KC) >> 5;      // items per row in this chunk
+    const unsigned bc0 = (unsigned)k0 / F::QK;             // first block of the chunk
+    if constexpr (tf_has_raw<F>::value) {
+      // all items' weights first (UMAX * RPW loads in flight per lane), then column by column:
+      // compute<1> of every row on the same column pointers -> the column's x words are loaded
+      // once (adjacent identical shared loads, CSE'd) and used for the RPW rows; the weight decode
+      // is the same pure arithmetic for every column (CSE'd across columns).
+      typename F::Raw raw[UMAX][RPW];
+      int bu[UMAX];
+#pragma unroll
+      for (int u = 0; u < UMAX; ++u) {
+        const int it = sub * 32 + lane + u * 32 * wpr;
+        bu[u] = (it < nit ? it : nit - 1) / F::PARTS;      // clamped: loads stay inside the row
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) F::load(wr[r] + (uint64_t)(bc0 + bu[u]) * F::BB, p, raw[u][r]);
+      }
+#pragma unroll
+      for (int u = 0; u < UMAX; ++u) {
+        if (sub * 32 + lane + u * 32 * wpr < nit) {
+          const int8_t* q = sq + bu[u] * F::QK;
+          const float* d = sd + bu[u] * (F::QK / 32);
+          const int* s = ss + bu[u] * (F::QK / 16);
+#pragma unroll
+          for (int c = 0; c < NC; ++c) {
+#pragma unroll
+            for (int r = 0; r < RPW; ++r) {
+              float a1[1] = {acc[r][c]};
+              F::template compute<1>(raw[u][r], p, q + c * KC, d + c * (KC / 32), s + c * (KC / 16),
+                                     KC, a1);
+              acc[r][c] = a1[0];
+            }
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < UMAX; ++u) {
+        const int it = sub * 32 + lane + u * 32 * wpr;
+        if (it < nit) {
+          const int b = it / F::PARTS;                     // block within the chunk
+          const int8_t* q = sq + b * F::QK;
+          const float* d = sd + b * (F::QK / 32);
+          const int* s = ss + b * (F::QK / 16);
+#pragma unroll
+          for (int r = 0; r < RPW; ++r)
+            F::template dot<NC>(wr[r] + (uint64_t)(bc0 + b) * F::BB, p, q, d, s, KC, acc[r]);
+        }
+      }
+    }
+    __syncthreads();     // buffer j & 1 is restaged in iteration j + 1
+  }
+
+#pragma unroll
+  for (int r = 0; r < RPW; ++r)
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[r][c] += __shfl_xor_sync(0xFFFFFFFFu, acc[r][c], o);
+    }
+  if (wpr_log2 == 0) {
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < RPW; ++r)
+        if (live[r]) {
+#pragma unroll
+          for (int c = 0; c < NC; ++c) y[(uint64_t)c * n_out + row0 + r] = acc[r][c];
+        }
+    }
+    return;
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < RPW; ++r)
+#pragma unroll
+      for (int c = 0; c < NC; ++c) red[warp][r][c] = acc[r][c];
+  }
+  __syncthreads();
+  if (sub == 0 && lane == 0) {
+#pragma unroll
+    for (int r = 0; r < RPW; ++r)
+      if (live[r]) {
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          float s = red[warp][r][c];
+          for (int w = 1; w < wpr; ++w) s += red[warp + w][r][c];
+          y[(uint64_t)c * n_out + row0 + r] = s;
+        }
+      }
+  }
 }

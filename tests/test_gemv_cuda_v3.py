@@ -1,0 +1,157 @@
+"""CUDA GEMV kernel variant v3 (tf_gemv3 in tightfit/kernels/cuda/gemv_kernel.cuh): x staged in
+shared memory per CTA. No GPU needed: the staging / chunk / item index math of the kernel is
+re-played in Python (a transcription of tf_v3_stage and the chunk loop) and checked for exact
+coverage, the Python geometry (gemv_cuda.v3_geom / v3_smem) against the .cuh, and the
+TF_CSE_FRIENDLY fp16 -> fp32 conversion against NumPy on all 65536 bit patterns.
+The format math itself is covered by the host harness (test_gemv_cuda_host.py: dot = load +
+compute for every format with a Raw); the device run is bench/gemv.py (kern v3)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tightfit.kernels.cuda_source import CUDA_DIR
+
+gc = pytest.importorskip("tightfit.kernels.gemv_cuda")
+
+THREADS = 256
+WARPS = 8
+KERNEL = (CUDA_DIR / "gemv_kernel.cuh").read_text()
+# (QK, PARTS) of every format family: QK / PARTS = 32 weights per item for all of them
+FAMILIES = [(32, 1), (64, 2), (128, 4), (256, 8)]
+KS = [256, 1024, 2048, 2304, 3328, 5120, 6144, 17408]
+
+
+def stage(nc, kc_full, K, k0, kc):
+    """Transcription of tf_v3_stage: {buffer offset: global offset} per array (q bytes in 16-byte
+    pieces, d and s16 elements)."""
+    q, d, s = {}, {}, {}
+    nq = kc >> 4
+    for t in range(THREADS):
+        for i in range(t, nc * nq, THREADS):
+            c, j = divmod(i, nq)
+            for e in range(16):
+                key = c * kc_full + 16 * j + e
+                assert key not in q
+                q[key] = c * K + k0 + 16 * j + e
+        nd = kc >> 5
+        for i in range(t, nc * nd, THREADS):
+            c, j = divmod(i, nd)
+            key = c * (kc_full // 32) + j
+            assert key not in d
+            d[key] = c * (K // 32) + (k0 >> 5) + j
+        ns = kc >> 4
+        for i in range(t, nc * ns, THREADS):
+            c, j = divmod(i, ns)
+            key = c * (kc_full // 16) + j
+            assert key not in s
+            s[key] = c * (K // 16) + (k0 >> 4) + j
+    return q, d, s
+
+
+@pytest.mark.parametrize("K", KS)
+@pytest.mark.parametrize("nc", [2, 8, 16])
+def test_v3_staging_covers_chunk(K, nc):
+    kc_full, _ = gc.v3_geom(nc)
+    nchunks = -(-K // kc_full)
+    seen_q = set()
+    for j in range(nchunks):
+        k0 = j * kc_full
+        kc = min(kc_full, K - k0)
+        assert kc % 32 == 0 and kc > 0
+        q, d, s = stage(nc, kc_full, K, k0, kc)
+        # staged copy == the chunk's elements of every column, at column stride KC (CONTRACT.md:
+        # column c at xq + c*K with K := KC), inside the buffer
+        for c in range(nc):
+            for e in range(kc):
+                assert q[c * kc_full + e] == c * K + k0 + e
+            for g in range(kc // 32):
+                assert d[c * (kc_full // 32) + g] == c * (K // 32) + k0 // 32 + g
+            for g in range(kc // 16):
+                assert s[c * (kc_full // 16) + g] == c * (K // 16) + k0 // 16 + g
+        assert len(q) == nc * kc and max(q) < nc * kc_full
+        assert len(d) == nc * kc // 32 and len(s) == nc * kc // 16
+        seen_q |= set(q.values())
+    assert seen_q == set(range(nc * K))
+
+
+def items(K, nc, qk, parts, wpr):
+    """Transcription of the tf_gemv3 chunk loop for one row: [(global block, part, staged x
+    element offset of the block)] in issue order, plus the clamped load blocks."""
+    kc_full, _ = gc.v3_geom(nc)
+    umax = kc_full // 1024
+    out, loads = [], []
+    for j in range(-(-K // kc_full)):
+        k0 = j * kc_full
+        nit = min(K - k0, kc_full) >> 5
+        bc0 = k0 // qk
+        assert k0 % qk == 0
+        for sub in range(wpr):
+            for lane in range(32):
+                p = lane % parts
+                for u in range(umax):
+                    it = sub * 32 + lane + u * 32 * wpr
+                    bu = min(it, nit - 1) // parts                 # two-phase path's clamp
+                    loads.append(bc0 + bu)
+                    if it < nit:
+                        b = it // parts
+                        assert it % parts == p                      # part fixed per lane
+                        assert b * qk + qk <= min(K - k0, kc_full)  # block inside the staged chunk
+                        out.append((bc0 + b, p, b * qk))
+    return out, loads
+
+
+@pytest.mark.parametrize("qk,parts", FAMILIES)
+@pytest.mark.parametrize("K", KS)
+@pytest.mark.parametrize("nc", [2, 8, 16])
+def test_v3_items_cover_row_once(qk, parts, K, nc):
+    if K % qk:
+        pytest.skip("K not a multiple of the block size")
+    kc_full, _ = gc.v3_geom(nc)
+    nb = K // qk
+    for wpr in [w for w in (1, 2, 4, 8) if w <= kc_full // 1024]:
+        got, loads = items(K, nc, qk, parts, wpr)
+        assert sorted((b, p) for b, p, _ in got) == [(b, p) for b in range(nb) for p in range(parts)]
+        assert min(loads) >= 0 and max(loads) < nb
+
+
+def test_v3_geometry_matches_cuh():
+    m = re.search(r"struct tf_v3_geom \{\s*static constexpr int KC = NC <= (\d+) \? (\d+) : (\d+);"
+                  r".*?static constexpr int RPW = NC <= (\d+) \? (\d+) : (\d+);", KERNEL, re.S)
+    assert m, "tf_v3_geom not found in gemv_kernel.cuh"
+    lim, kc_a, kc_b, lim2, r_a, r_b = map(int, m.groups())
+    for nc in gc.NCS:
+        kc = kc_a if nc <= lim else kc_b
+        rpw = r_a if nc <= lim2 else r_b
+        assert gc.v3_geom(nc) == (kc, rpw)
+        assert kc % 1024 == 0 and kc % 256 == 0
+        assert gc.v3_smem(nc) <= 48 * 1024, f"NC={nc}: static shared memory over 48 KiB"
+
+
+def test_v3_kernel_names_and_wpr():
+    assert "v3" in gc.KERNS
+    names = gc.kernel_names(12, "v3")
+    assert names[0] == "tf_gemv<F_Q4_K, 1>"
+    assert all(n.startswith("tf_gemv3<F_Q4_K, ") for n in names[1:])
+    assert gc.kernel_names(12, "v1")[1] == "tf_gemv<F_Q4_K, 2>"
+    for nc in gc.NCS:
+        kc, _ = gc.v3_geom(nc)
+        for n_in, n_out in [(5120, 1024), (5120, 17408), (17408, 5120), (5120, 48), (1024, 64)]:
+            w = gc.pick_wpr_v3(n_in, n_out, nc)
+            assert w in (1, 2) and w <= kc // 1024
+
+
+def test_cse_friendly_h2f_matches_numpy():
+    """TF_CSE_FRIENDLY tf_h2f: bits ((h & 0x8000) << 16 | (h & 0x7FFF) << 13) as fp32, times 2^112."""
+    assert "5.192296858534828e33f" in (CUDA_DIR / "gemv_common.cuh").read_text()
+    h = np.arange(65536, dtype=np.uint32)
+    b = ((h & 0x8000) << 16) | ((h & 0x7FFF) << 13)
+    f = b.astype(np.uint32).view(np.float32) * np.float32(2.0 ** 112)    # fp32 multiply (no FTZ)
+    ref = h.astype(np.uint16).view(np.float16).astype(np.float64)
+    finite = np.isfinite(ref)
+    assert f.dtype == np.float32
+    assert np.array_equal(f[finite], ref[finite].astype(np.float32))
+    assert np.array_equal(np.signbit(f[finite]), np.signbit(ref[finite]))
