@@ -11,6 +11,15 @@ i.e. what one process can read from host RAM; "of bw" is the all-thread figure o
 share of a split plan costs about host_bytes / (all-thread GB/s) per token.
 TIGHTFIT_CPU_SIMD=0 in the environment times the portable kernels instead of the AVX2 ones (A/B);
 a smaller --rows (e.g. 4096: ~11-17 MB, inside a 32 MB L3) times the kernel rather than the RAM.
+
+    python bench/cpu_gemv.py --group [--groups gdn,attn,ffn] [--host-frac 0.5,0.05] [--reps 7]
+
+Grouped host call (issue 5): the matrices of the 27B seed mix that share one x, each with a host
+suffix of `host-frac` of its rows (rounded like the planner: split point on 64 rows), computed
+(a) one `gemv` call per matrix, one after another (the executor before the grouped call) and
+(b) one `Group.gemv` call (x quantized once, all rows in one balanced parallel loop). Wall ms are
+medians of `reps` after a warm-up; "saved" = (a) - (b) is the per-call overhead removed, and
+"per token" scales it by the groups of one 27B token (48 gdn + 16 attn + 64 ffn).
 """
 from __future__ import annotations
 
@@ -64,8 +73,71 @@ def gbps(w, qt, x, reps) -> float:
     return w.nbytes / best / 1e9
 
 
+#: groups of matrices sharing one x in a 27B layer: (name, rows, seed-mix type), K = 5120
+GROUPS = {
+    "gdn": [("attn_qkv", 10240, "IQ4_XS"), ("attn_gate", 6144, "IQ4_XS")],
+    "attn": [("attn_q", 12288, "IQ4_XS"), ("attn_k", 1024, "Q6_K"), ("attn_v", 1024, "Q5_K")],
+    "ffn": [("ffn_gate", 17408, "IQ4_XS"), ("ffn_up", 17408, "Q5_K")],
+}
+PER_TOKEN = {"gdn": 48, "attn": 16, "ffn": 64}
+
+
+def _median_ms(f, reps: int) -> float:
+    f()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts)) * 1e3
+
+
+def group_bench(a) -> None:
+    rng = np.random.default_rng(0)
+    nt = G.set_threads(a.threads)
+    x = rng.standard_normal((a.batch, 5120)).astype(np.float32)
+    print(f"grouped host call: K=5120 batch={a.batch} threads={nt} "
+          f"(SIMD types: {sorted(G.SIMD)}); median wall ms of {a.reps}")
+    print(f"{'group':6s} {'frac':>5s} {'MB':>7s} {'sequential':>11s} {'grouped':>8s} {'saved':>7s}"
+          f" {'seq GB/s':>9s} {'grp GB/s':>9s}")
+    for frac in (float(f) for f in a.host_frac.split(",")):
+        tot = 0.0
+        for g in a.groups.split(","):
+            mats = []
+            for _name, M, fmt in GROUPS[g]:
+                qt, bs, ts, offs = FORMATS[fmt]
+                host = min(M, M - (M - int(np.ceil(frac * M))) // 64 * 64)
+                mats.append((random_blocks(rng, host, 5120, bs, ts, offs), qt))
+            grp = G.Group(mats)
+            mb = sum(w.nbytes for w, _ in mats) / 1e6
+            outs = [np.empty((a.batch, w.shape[0]), np.float32) for w, _ in mats]
+            y = np.empty((a.batch, grp.n_out), np.float32)
+
+            def seq():
+                for (w, qt), o in zip(mats, outs):
+                    G.gemv(w, qt, x, out=o)
+
+            t_seq = _median_ms(seq, a.reps)
+            t_grp = _median_ms(lambda: grp.gemv(x, out=y), a.reps)
+            tot += PER_TOKEN[g] * (t_seq - t_grp)
+            print(f"{g:6s} {frac:5.2f} {mb:7.1f} {t_seq:11.3f} {t_grp:8.3f} {t_seq - t_grp:7.3f}"
+                  f" {mb / t_seq:9.2f} {mb / t_grp:9.2f}")
+            del mats, grp
+        print(f"  host-frac {frac:g}: saved per 27B token ~ {tot:.1f} ms "
+              f"({'+'.join(f'{PER_TOKEN[g]}x{g}' for g in a.groups.split(','))})")
+    # the fixed cost of one parallel gemv call (16 rows: next to no work)
+    w = random_blocks(rng, 16, 5120, 256, 136, [0])
+    import numba
+    print(f"fixed cost of one gemv call (16 IQ4_XS rows): "
+          f"{_median_ms(lambda: G.gemv(w, 23, x), 50) * 1e3:.1f} us; numba threading layer "
+          f"{numba.threading_layer()} (NUMBA_THREADING_LAYER=workqueue|omp|tbb to compare)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--group", action="store_true", help="grouped vs sequential host calls")
+    ap.add_argument("--groups", default="gdn,attn,ffn")
+    ap.add_argument("--host-frac", default="0.5,0.05")
     ap.add_argument("--rows", type=int, default=17408)
     ap.add_argument("--k", type=int, default=5120)
     ap.add_argument("--batch", type=int, default=1)
@@ -74,6 +146,9 @@ def main() -> None:
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--threads", type=int, default=None, help="'all threads' count (default: pool)")
     a = ap.parse_args()
+    if a.group:
+        group_bench(a)
+        return
     rng = np.random.default_rng(0)
     x = rng.standard_normal((a.batch, a.k)).astype(np.float32)
     nt = G.set_threads(a.threads)

@@ -287,3 +287,72 @@ def test_simd_switch_and_fallback_types():
     from tightfit.kernels import cpu_gemv_kern as K
     assert set(K.SIMD_TYPES) == (set() if not K.HAVE_AVX2 else {T.IQ4_XS, T.Q4_K, T.Q5_K, T.Q6_K})
     assert set(G.SIMD) <= set(K.SIMD_TYPES) <= set(K.INT_TYPES)
+
+
+# ---- grouped host call (issue 5): several matrices sharing x in one parallel call -------------
+GROUP_MIX = ["IQ4_XS", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ2_S", "Q5_0"]   # SIMD + fallbacks
+
+
+@pytest.mark.parametrize("batch", [1, 3, 5])
+def test_group_equals_per_matrix_bit_for_bit(batch):
+    """Mixed formats, odd row counts (incl. a 1-row and a 0-row matrix), read-only and writable
+    arrays: each matrix's columns of the grouped output equal its own gemv exactly."""
+    rng = np.random.default_rng(50 + batch)
+    k = 512
+    mats = []
+    for i, name in enumerate(GROUP_MIX):
+        rows = (1, 37, 0, 53, 19, 7, 11)[i]
+        raw = blocks(rng, name, max(rows, 1), k)[:rows]
+        if i % 2:
+            raw.flags.writeable = False
+        mats.append((raw, T[name]))
+    mats.append((blocks(rng, "IQ4_XS", 301, k), T["IQ4_XS"]))   # many chunks
+    x = rng.standard_normal((batch, k)).astype(np.float32)
+    grp = G.Group(mats)
+    want = [G.gemv(w, q, x) for w, q in mats]
+    for threads in (1, None):
+        G.set_threads(threads)
+        try:
+            got = grp.gemv(x)
+        finally:
+            G.set_threads(None)
+        assert got.shape == (batch, grp.n_out) and grp.n_out == sum(w.shape[0] for w, _ in mats)
+        for (a, b), y in zip(grp.spans, want):
+            assert np.array_equal(got[:, a:b], y)
+    out = np.full((1, grp.n_out), np.nan, np.float32)
+    one = grp.gemv(x[0], out=out)
+    assert one.shape == (grp.n_out,) and np.shares_memory(one, out)
+    for (a, b), (w, q) in zip(grp.spans, mats):
+        assert np.array_equal(out[0, a:b], G.gemv(w, q, x[0]))
+
+
+def test_group_checks_shapes():
+    rng = np.random.default_rng(7)
+    with pytest.raises(ValueError):
+        G.Group([(blocks(rng, "Q4_K", 4, 256), T["Q4_K"]),
+                 (blocks(rng, "Q4_K", 4, 512), T["Q4_K"])])
+    grp = G.Group([(blocks(rng, "Q4_K", 4, 256), T["Q4_K"])])
+    with pytest.raises(ValueError):
+        grp.gemv(np.zeros(512, np.float32))
+    with pytest.raises(ValueError):
+        grp.gemv(np.zeros(256, np.float32), out=np.zeros((1, 3), np.float32))
+
+
+def test_group_balances_chunks_by_bytes():
+    """The chunk plan covers every row once, and chunks hold about equal bytes."""
+    rng = np.random.default_rng(8)
+    mats = [(blocks(rng, "IQ4_XS", 640, 256), T["IQ4_XS"]),
+            (blocks(rng, "Q6_K", 96, 256), T["Q6_K"])]
+    grp = G.Group(mats)
+    idx = grp._grouped(1)
+    if not idx:
+        pytest.skip("no AVX2 kernel on this host")
+    _ws, _q, _c, cm, c0, c1 = grp._plan(idx)
+    for j, i in enumerate(idx):
+        sel = cm == j
+        r = sorted(zip(c0[sel], c1[sel]))
+        assert r[0][0] == 0 and r[-1][1] == mats[i][0].shape[0]
+        assert all(a[1] == b[0] for a, b in zip(r, r[1:]))
+    rb = np.array([mats[idx[m]][0].shape[1] for m in cm])
+    nb = (c1 - c0) * rb
+    assert nb.max() <= 2 * nb.min() + 2 * rb.max()

@@ -10,6 +10,10 @@ rows with `set_threads(n)` threads (numba's pool); all scratch is preallocated a
 Other types (and rows whose K is not a multiple of 256 for the integer types) go through the
 NumPy dequantizer `fallback_rows` rows at a time, never the whole matrix.
 
+`Group` runs several matrices that read the same x (a layer's host rows on one input) in ONE
+parallel call: x quantized once, the rows of all of them in byte-balanced chunks, each row
+bit-identical to `gemv`'s (tightfit.model.placed.HostGroup, the executor's host branch).
+
 `decode_rows` decodes whole rows to fp32 with the per-block formulas of spec §2.3 below.
 """
 from __future__ import annotations
@@ -329,6 +333,118 @@ def gemv(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = None
             blk = _dequant_rows(w[r0:r0 + fallback_rows], qtype)
             y2[:, r0:r0 + blk.shape[0]] = x2 @ blk.T
     return y2[0] if vec else y2
+
+
+class Group:
+    """Matrices that read the same x (e.g. attn_qkv + attn_gate, ffn_gate + ffn_up), computed
+    in ONE parallel call (issue 5): x is quantized once, the rows of all SIMD-kernel matrices
+    are cut into chunks of about equal bytes (`CHUNKS_PER_THREAD` per thread, scheduled
+    dynamically) and every chunk writes its own matrix's columns of one output (B, n_out), matrix
+    i at columns spans[i]. Each row is computed exactly as `gemv` computes it (the same block
+    code and running sum: bit-identical). Matrices the grouped kernel does not run (types
+    outside SIMD, or the K-quants past SIMD_MAX_BATCH_K) go through `gemv` one by one.
+
+    mats: (raw rows (M, row_bytes) uint8, ggml type) per matrix, all of the same K."""
+
+    CHUNKS_PER_THREAD = 8
+
+    def __init__(self, mats) -> None:
+        self.ws: list[np.ndarray] = []
+        self.qtypes: list[int] = []
+        self.spans: list[tuple[int, int]] = []
+        self.k = None
+        col = 0
+        for w, qt in mats:
+            qt = int(qt)
+            w = np.ascontiguousarray(w, dtype=np.uint8)
+            if w.flags.writeable:     # one numba array type for all (the mmap rows are read-only)
+                w = w.view()
+                w.flags.writeable = False
+            bs, ts = _sizes(qt)
+            if w.shape[1] % ts:
+                raise ValueError(f"row of {w.shape[1]} B is not a whole number of type-{qt} blocks")
+            k = w.shape[1] // ts * bs
+            if self.k is None:
+                self.k = k
+            elif k != self.k:
+                raise ValueError(f"a group shares one x: K={k} vs K={self.k}")
+            self.ws.append(w)
+            self.qtypes.append(qt)
+            self.spans.append((col, col + w.shape[0]))
+            col += w.shape[0]
+        self.n_out = col
+        self._plans: dict = {}
+
+    def _grouped(self, B: int) -> tuple[int, ...]:
+        return tuple(i for i, qt in enumerate(self.qtypes) if self.ws[i].shape[0]
+                     and qt in SIMD and (qt == IQ4_XS or B <= SIMD_MAX_BATCH_K))
+
+    def _plan(self, idx: tuple[int, ...]):
+        """(typed list of the matrices, types, output columns, chunk matrix/row0/row1) for the
+        grouped matrices idx at the current thread count."""
+        key = (idx, _threads)
+        p = self._plans.get(key)
+        if p is not None:
+            return p
+        from numba.typed import List
+        ws = List()
+        for i in idx:
+            ws.append(self.ws[i])
+        nbytes = [self.ws[i].nbytes for i in idx]
+        target = max(1, sum(nbytes) // (self.CHUNKS_PER_THREAD * _threads))
+        cm, c0, c1 = [], [], []
+        for j, i in enumerate(idx):
+            M = self.ws[i].shape[0]
+            n = max(1, min(M, round(nbytes[j] / target)))
+            for c in range(n):
+                cm.append(j)
+                c0.append(M * c // n)
+                c1.append(M * (c + 1) // n)
+        p = (ws, np.array([self.qtypes[i] for i in idx], np.int64),
+             np.array([self.spans[i][0] for i in idx], np.int64),
+             np.array(cm, np.int64), np.array(c0, np.int64), np.array(c1, np.int64))
+        self._plans[key] = p
+        return p
+
+    def gemv(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """All matrices times x ((K,) or (B, K)): (n_out,) or (B, n_out) float32 (into `out`,
+        which must then be C-contiguous of that size)."""
+        x = np.asarray(x, dtype=np.float32)
+        vec = x.ndim == 1
+        x2 = np.ascontiguousarray(x.reshape(1, -1) if vec else x)
+        B, K = x2.shape
+        if K != self.k:
+            raise ValueError(f"x has K={K}, the group's matrices K={self.k}")
+        y = out if out is not None else np.empty((B, self.n_out), dtype=np.float32)
+        if not y.flags.c_contiguous or y.size != B * self.n_out:
+            raise ValueError(f"out must be a C-contiguous array of {B} x {self.n_out} floats")
+        y2 = y.reshape(B, self.n_out)
+        idx = self._grouped(B)
+        if idx:
+            if numba.get_num_threads() != _threads:
+                numba.set_num_threads(_threads)
+            ws, qts, cols, cm, c0, c1 = self._plan(idx)
+            s = _scratch(B, K)
+            _K.quantize_act(x2, s.xq, s.xd, s.xs)
+            prev = _chunksize(1)
+            try:
+                _K.gemv_simd_group(ws, qts, cols, cm, c0, c1, s.xq, s.xd, s.xs, y2, _F16, s.ssc)
+            finally:
+                _chunksize(prev)
+        for i, (w, qt) in enumerate(zip(self.ws, self.qtypes)):
+            if i in idx:
+                continue
+            a, b = self.spans[i]
+            if B == 1:
+                gemv(w, qt, x2, out=y2[:, a:b])      # a contiguous slice: written in place
+            else:
+                y2[:, a:b] = gemv(w, qt, x2)
+        return y2[0] if vec else y2
+
+
+def gemv_group(mats, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """One-off `Group(mats).gemv(x, out)` (keep the Group to reuse its chunk plan)."""
+    return Group(mats).gemv(x, out)
 
 
 def _chunksize(n: int) -> int:

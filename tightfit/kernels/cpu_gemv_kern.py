@@ -685,3 +685,32 @@ def gemv_simd(qt, w, xq, xd, xs, y, tab, ssc):
                 acc += xd[b, ib] * _simd_block(qt, blk, xb, np.int64(256 * ib), sb, 16 * ib, sc,
                                                tab)
             y[b, r] = acc
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def gemv_simd_group(ws, qts, ycol, cm, cr0, cr1, xq, xd, xs, y, tab, ssc):
+    """Several SIMD_TYPES matrices sharing one quantized x, in ONE parallel loop (issue 5):
+    ws a typed List of raw (M_m, row_bytes_m) matrices, qts[m] their types, ycol[m] the first
+    output column of matrix m in y (B, sum M_m). The work is a list of row chunks
+    (cm[c]: matrix, rows cr0[c]..cr1[c]) balanced by bytes over the threads by the caller. Each
+    row is computed exactly as gemv_simd computes it (same block function, same running sum)."""
+    B = xq.shape[0]
+    nb = xq.shape[1] // 256
+    for c in prange(cm.shape[0]):
+        m = cm[c]
+        w = ws[m]
+        qt = qts[m]
+        col = ycol[m]
+        ts = w.shape[1] // nb
+        sc = ssc[numba.get_thread_id()]
+        for r in range(cr0[c], cr1[c]):
+            wr = w[r]
+            for b in range(B):
+                xb = xq[b]
+                sb = xs[b]
+                acc = np.float32(0.0)
+                for ib in range(nb):
+                    blk = wr[ib * ts:ib * ts + ts]
+                    acc += xd[b, ib] * _simd_block(qt, blk, xb, np.int64(256 * ib), sb, 16 * ib,
+                                                   sc, tab)
+                y[b, col + r] = acc

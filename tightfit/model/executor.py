@@ -388,6 +388,7 @@ class GPUModel:
         self._gemv_part = w.get("gemv_part")
         self._pinned = None
         self._io = None
+        self._hgroups: dict = {}           # host names -> placed.HostGroup (one CPU call each)
         if dev.type == "cuda":
             from tightfit.model.placed import PinnedIO
             self._io = PinnedIO()          # activations of split matrices crossing PCIe
@@ -499,16 +500,18 @@ class GPUModel:
             return
         if ev is not None:
             ev.synchronize()                   # x is on the host; the GPU parts keep running
-        for name, out in host:
-            H = self.hostw[name]
-            o = out.view(1, -1)[:, H.row_start:]
-            if self._io is None:
-                o.copy_(torch.from_numpy(H.gemv(xh)))
-                continue
-            key = ("y", name)
-            buf = self._io.get(key, (1, H.n_rows))
-            H.gemv(xh, out=buf.numpy())
-            o.copy_(buf, non_blocking=True)
+        names = tuple(name for name, _ in host)
+        G = self._hgroups.get(names)
+        if G is None:                          # ONE parallel CPU call for all host rows on x
+            from tightfit.model.placed import HostGroup
+            G = self._hgroups[names] = HostGroup([self.hostw[n] for n in names])
+        key = ("y",) + names
+        buf = self._io.get(key, (1, G.n_rows)) if self._io is not None else None
+        y = G.gemv(xh, out=None if buf is None else buf.numpy())
+        y = buf if buf is not None else torch.from_numpy(y.reshape(1, -1))   # pinned: async copies
+        for (name, out), (a, b) in zip(host, G.spans):
+            out.view(1, -1)[:, self.hostw[name].row_start:].copy_(y[:, a:b], non_blocking=True)
+        if buf is not None:
             self._io.recorded(key)
 
     # ---- embedding ----------------------------------------------------------------------------

@@ -107,6 +107,23 @@ class HostRows:
         return gemv(self.w, self.qtype, x, out=out)
 
 
+class HostGroup:
+    """The host suffixes of several matrices that read the same x (issue 5), computed in ONE
+    parallel CPU call (tightfit.kernels.cpu_gemv.Group: x quantized once, rows of all of them
+    balanced by bytes over the threads); y[:, spans[i][0]:spans[i][1]] is rows[i]'s output."""
+
+    def __init__(self, rows: "list[HostRows]"):
+        from tightfit.kernels.cpu_gemv import Group
+        self.rows = list(rows)
+        self.group = Group([(h.w, h.qtype) for h in self.rows])
+        self.spans = self.group.spans
+        self.n_rows = self.group.n_out
+        self.nbytes = sum(h.nbytes for h in self.rows)
+
+    def gemv(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return self.group.gemv(x, out=out)
+
+
 class PinnedIO:
     """Pinned host buffers for activation vectors crossing PCIe, each guarded by the event of
     its last asynchronous copy (reused only after that copy finished)."""
