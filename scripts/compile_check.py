@@ -14,7 +14,9 @@ Triton's cache (~/.triton/cache, per version) holds them; -k narrows it (e.g. -k
 Options: -k SUBSTR (only variants whose kernel or label contains SUBSTR; repeatable),
 -j N (worker processes; default: all cores), --fresh (empty Triton cache in a temp dir, so
 nothing is served from ~/.triton/cache), --list (print the variants, compile nothing),
---strict (a @triton.jit kernel that no scenario launches is a failure too).
+--strict (a @triton.jit kernel that no scenario launches is a failure too), --regs (append
+each variant's REG / STACK / LOCAL from its cubin (the bundled cuobjdump) and Triton's dynamic
+SMEM bytes; LOCAL or STACK > 0: spills).
 
 How: the real host launchers (gemv, gemv2, gemm_q, embed_rows, attn_decode, ...) are called
 with CPU tensors at the 27B shapes, under a fake CUDA driver (target cuda:90) and with
@@ -103,6 +105,14 @@ def scen_gemv_v1():
                 act = quantize_act(torch.zeros(n, n_in), ACT_LAYOUT.get(t, 0))
                 _scn(f"gemv v1 {type_name(t)} N={n} {n_out}x{n_in}", gemv_quantized, act, w, t,
                      n_out)
+    # the verify block (tightfit.model.verify_graph) runs v1 at N = M <= 16 columns: NP = 4, 16
+    for t in sorted(QUANT_TYPES):
+        for n_out, n_in in SHAPES:
+            w = _u8(n_out * n_in // 256 * MACRO_BYTES[t])
+            for n in (3, 16):
+                act = quantize_act(torch.zeros(n, n_in), ACT_LAYOUT.get(t, 0))
+                _scn(f"gemv v1 block {type_name(t)} N={n} {n_out}x{n_in}", gemv_quantized, act,
+                     w, t, n_out)
     bpe = {0: 4, 1: 2, 30: 2}
     for t in sorted(FLOAT_TYPES):
         for n in (1, 8):
@@ -143,6 +153,18 @@ def scen_gemm_q():
                  mode="fused")
         _scn(f"gemm_q dequant t={t}", dequant_chunk, w, t, n_in, 0, 256,
              out=torch.empty(256, n_in, dtype=torch.bfloat16), use_triton=True)
+    # large M (prefill chunks): every (format, shape class) of CONFIGS that routes to the fused
+    # kernel ("mode": "fused"), at M = 1024 on a 27B shape of that class
+    from tightfit.kernels.gemm_q import CONFIGS, shape_class
+    cls_shape = {shape_class(*sh): sh for sh in ((FFN, HIDDEN), (HIDDEN, FFN), (1024, HIDDEN),
+                                                 (248320, HIDDEN))}
+    for (t, cls), cfg in sorted(CONFIGS.items(), key=str):
+        if cfg.get("mode") != "fused" or t == "*":
+            continue
+        n_out, n_in = cls_shape[cls]
+        w = _u8(n_out * n_in // 256 * _ROW_BYTES[t])
+        _scn(f"gemm_q fused t={t} {cls} M=1024", gemm_q, torch.zeros(1024, n_in), w, t, n_out,
+             n_in, mode="fused")
 
 
 def scen_embed():
@@ -218,8 +240,76 @@ def scen_norm_gdn():
          torch.zeros(48), torch.zeros(48), ssm, torch.zeros(48, 128), st, 0, 16, 1e-6)
 
 
+def scen_norm_quant():
+    """The fused activation quantization of norm.py (quant_out=(q, d, s16), layouts 0..3) at the
+    27B widths: add_rmsnorm 5120 (one row and a verify block of 16), swiglu 17408, gated norm
+    48 heads x 128."""
+    from tightfit.kernels import norm
+
+    def qo(rows, n):
+        return (torch.zeros(rows, n, dtype=torch.int8), torch.zeros(rows, n // 32),
+                torch.zeros(rows, n // 16, dtype=torch.int32))
+    w = torch.zeros(HIDDEN)
+    for lay in (0, 1, 2, 3):
+        for rows in (1, 16):
+            x = torch.zeros(rows, HIDDEN)
+            _scn(f"norm add_rmsnorm quant delta L={lay} rows={rows}", norm.add_rmsnorm, x,
+                 torch.zeros_like(x), w, 1e-6, torch.zeros_like(x), quant_out=qo(rows, HIDDEN),
+                 quant_layout=lay)
+            _scn(f"norm add_rmsnorm quant L={lay} rows={rows}", norm.add_rmsnorm, x, None, w,
+                 1e-6, torch.zeros_like(x), quant_out=qo(rows, HIDDEN), quant_layout=lay)
+            g = torch.zeros(rows, FFN)
+            _scn(f"norm swiglu quant L={lay} rows={rows}", norm.swiglu, g, g, g.clone(),
+                 quant_out=qo(rows, FFN), quant_layout=lay)
+            o = torch.zeros(rows, 48, 128)
+            _scn(f"norm gated_rmsnorm quant L={lay} rows={rows}", norm.gated_rmsnorm, o, o,
+                 torch.zeros(128), 1e-6, o.clone(), quant_out=qo(rows, 48 * 128),
+                 quant_layout=lay)
+
+
+def scen_block_step():
+    """tightfit.kernels.block_step as tightfit.model.verify_graph launches it at the 27B geometry
+    for M = 1..16 block tokens (M == 1 and M % 16 == 0 specialize differently), single-pass and
+    split-K attention, commit of j = 1..M tokens."""
+    from tightfit.kernels import block_step as BS
+    m_max, n_rec, hk, hv, s, k = 16, 48, 16, 48, 128, 4
+    conv_dim = 2 * hk * s + hv * s
+    st = torch.zeros(4, dtype=torch.int32)
+    conv_buf = torch.zeros(2, n_rec, k - 1, conv_dim)
+    conv_rows = torch.zeros(n_rec, m_max, conv_dim)
+    cw = torch.zeros(conv_dim, k)
+    # the SSM banks / per-position states at the real inner shapes; fewer recurrent slots than
+    # the 27B's 48 (strides stay multiples of 16, so the specialization is the same)
+    ssm = torch.empty(2, 2, hv, s, s)
+    ssm_pos = torch.empty(2, m_max - 1, hv, s, s)
+    vec = torch.zeros(hv)
+    cos, sin = torch.zeros(4096, NROT // 2), torch.zeros(4096, NROT // 2)
+    kc = torch.zeros(4096, HKV, D, dtype=torch.float16)
+    nw = torch.zeros(D)
+    nch = 16                       # ctx 8192 / chunk 512
+    ws = (torch.zeros(m_max * H, nch), torch.zeros(m_max * H, nch),
+          torch.zeros(m_max * H, nch, D))
+    for M in range(1, m_max + 1):
+        y = torch.zeros(m_max, conv_dim)[:M]
+        _scn(f"block conv M={M}", BS.conv_block, conv_rows[1, :M], conv_buf, cw, y, st, 1)
+        _scn(f"block gdn M={M}", BS.gdn_block, y, torch.zeros(M, hv), torch.zeros(M, hv), vec,
+             vec, ssm, ssm_pos[1], torch.zeros(M, hv, s), st, 1, hk, 1e-6)
+        qg = torch.zeros(m_max, 2 * H * D)[:M]
+        kk, vv = torch.zeros(M, HKV * D), torch.zeros(M, HKV * D)
+        q = torch.zeros(m_max, H, D)[:M]
+        _scn(f"block qk_prep M={M}", BS.qk_prep_block, qg, kk, vv, nw, nw, cos, sin, kc,
+             kc.clone(), q, st, 1e-6)
+        out = torch.zeros(m_max, H * D)[:M].view(M, H, D)
+        _scn(f"block attn single M={M}", BS.attn_block, q, kc, kc, qg, out, st, ws, n_chunks=1)
+        _scn(f"block attn split M={M}", BS.attn_block, q, kc, kc, qg, out, st, ws,
+             n_chunks=nch, chunk=512)
+        for j in sorted({1, 2, M - 1, M} - {0}):
+            _scn(f"block commit M={M} j={j}", BS.commit_block, conv_buf, ssm, conv_rows, ssm_pos,
+                 st, j, M)
+
+
 SCENARIOS = [scen_gemv_v1, scen_gemv_v2, scen_quant_act, scen_gemm_q, scen_embed, scen_gemv_t3,
-             scen_attention, scen_norm_gdn]
+             scen_attention, scen_norm_gdn, scen_norm_quant, scen_block_step]
 
 
 # ---- compiling ------------------------------------------------------------------------------------
@@ -254,13 +344,36 @@ def _first_error(e: BaseException) -> str:
     return out + (f" [{loc}]" if loc else "")
 
 
+def _resources(ck) -> str:
+    """'REG:n STACK:n LOCAL:n SMEM:n' of a compiled kernel: registers / stack / local memory from
+    its cubin (Triton's bundled cuobjdump; LOCAL / STACK > 0 means register spills or a local
+    array), SMEM = Triton's dynamic shared memory in bytes."""
+    import re
+    import subprocess
+    exe = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        r = subprocess.run([exe, "--dump-resource-usage", f.name], capture_output=True,
+                           text=True, timeout=60)
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", r.stdout)
+    smem = getattr(ck.metadata, "shared", None)        # dynamic shared memory (Triton's)
+    return (f"REG:{m[1]} STACK:{m[2]} LOCAL:{m[4]} SMEM:{smem}" if m else "?")
+
+
 def _compile(i):
     from triton.compiler import ASTSource
     _, fn, sig, ce, opts, attrs = UNITS[i]
     t0 = time.time()
     try:
-        triton.compile(ASTSource(fn, sig, ce, attrs), target=TARGET, options=opts)
-        return i, True, "", time.time() - t0
+        ck = triton.compile(ASTSource(fn, sig, ce, attrs), target=TARGET, options=opts)
+        info = ""
+        if os.environ.get("COMPILE_CHECK_REGS"):
+            try:
+                info = _resources(ck)
+            except Exception as e:     # noqa: BLE001 - resource usage is informative only
+                info = f"? ({type(e).__name__})"
+        return i, True, info, time.time() - t0
     except Exception as e:       # noqa: BLE001 - every compile failure is reported
         if os.environ.get("COMPILE_CHECK_TRACE"):
             traceback.print_exc()
@@ -305,7 +418,10 @@ def main(argv=None) -> int:
     ap.add_argument("--fresh", action="store_true")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--strict", action="store_true")
+    ap.add_argument("--regs", action="store_true")
     a = ap.parse_args(argv)
+    if a.regs:
+        os.environ["COMPILE_CHECK_REGS"] = "1"
     if a.fresh:
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tt_cc_")
     t0 = time.time()
@@ -366,7 +482,7 @@ def main(argv=None) -> int:
     for u, (ok, err, dt) in zip(units, results):
         nfail += not ok
         print(f"| {u[1].module.split('.')[-1]}.{u[1].__name__} | {_label(u[1], u[3], u[4])} | "
-              f"{'ok' if ok else 'ERROR ' + err} | {dt:.1f} |")
+              f"{('ok ' + err).strip() if ok else 'ERROR ' + err} | {dt:.1f} |")
     for scen, _, _, _, _, msg in broken:
         nfail += 1
         print(f"| (launcher) | {scen} | ERROR launcher failed on CPU: {msg[:200]} | |")

@@ -61,6 +61,11 @@ def pick_config(qtype: int, n: int, n_out: int, nb: int) -> dict:
     R, KB, warps = 16, 8, 4      # best of 4 configs on IQ4_XS 5120->17408, N=1 (bench/NOTES.md)
     if n >= 8:
         R, KB, warps = 16, 4, 2
+    if n > 8:
+        # NP = 16 (verify blocks of 9..16 tokens): 16x4 on 2 warps spills on sm_90 (Q2_0 6.8 KB
+        # of stack, Q2_K/Q5_K/TQ1_0 16-40 B; offline ptxas, Triton 3.6); 16x8 on 4 warps spills
+        # only Q3_K (56 B) and Q5_K (16 B). Unmeasured on the device.
+        R, KB, warps = 16, 8, 4
     tiles = triton.cdiv(n_out, R)
     split = 1
     chunks = triton.cdiv(nb, KB)
