@@ -20,12 +20,12 @@ from tightfit.kvquant.formats import (FORMATS, MIXED, KVQuantFormat, get_format,
 # CPU path (ReferenceModel + State, `--kv-type tq3 --device cpu`) and the GPU executor, legacy and
 # placed (`GPUModel(kv_type=)`, `--vram`: the cache is a region of the plan's arena, priced by this
 # format's bytes) quantize on write (kv_write_q) and attend over the codes (attn_decode_q). On the
-# H200 (bench/RESULTS.md, 2026-11-29) the kernels match float64 on the same codes to ~2.5e-4 and
-# run 2-3x slower per layer than the f16 cache at 32K; each format's note says so
-# (`tightfit plan --kv-type tq3` prints it).
+# H200 (bench/RESULTS.md, session 3 call 4) the CUDA attention kernel matches float64 on the same
+# codes to ~5e-4; per layer at 32K q8_0 takes 0.91x the f16 time and tq3/tq4 1.8-1.9x (the Triton
+# fallback 2-3x); each format's note says so (`tightfit plan --kv-type tq3` prints it).
 RUNTIME = True
-CPU_NOTE = ("; runs on the CPU and GPU paths (GPU decode attention measured on the H200: "
-            "2-3x slower per layer than the f16 cache at 32K, fewer bytes but not yet faster)")
+CPU_NOTE = ("; runs on the CPU and GPU paths (GPU decode attention per layer at 32K on the H200, "
+            "CUDA kernel: q8_0 0.91x the f16 time, tq3/tq4 1.8-1.9x; Triton fallback 2-3x)")
 
 
 def planner_format(kv_type: str):
