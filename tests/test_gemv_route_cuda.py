@@ -50,3 +50,24 @@ def test_cuda_layout_buffers(monkeypatch):
     assert a.q.shape == (m, 5120) and a.d.shape == (m, 160) and a.s16.shape == (m, 320)
     a1 = gr.new_act(lay, 1, 512, "cpu")
     assert isinstance(a1, QuantAct) and a1.layout == 0
+
+
+def test_compile_failure_routes_to_triton_with_a_warning(monkeypatch):
+    """A CUDA GEMV module that does not compile (old driver, broken NVRTC) must not fail the
+    first decode step: the type falls back to the Triton layout, with a RuntimeWarning."""
+    from tightfit.kernels import gemv_cuda as gc
+    calls = []
+
+    def boom(qtype, *a, **k):
+        calls.append(qtype)
+        raise RuntimeError("nvrtc: error: invalid value for --gpu-architecture")
+    monkeypatch.setattr(gc, "available", lambda: True)
+    monkeypatch.setattr(gc, "prepare", boom)
+    monkeypatch.setattr(gr, "_COMPILED", {})
+    with pytest.warns(RuntimeWarning, match="using the Triton kernels"):
+        assert not gr.cuda_routed(12)
+    assert gr.act_layout(12) != gr.CUDA_LAYOUT       # the Triton routing
+    assert calls == [12]                             # compiled once, the verdict cached
+    monkeypatch.setattr(gc, "prepare", lambda qtype, *a, **k: None)
+    monkeypatch.setattr(gr, "_COMPILED", {})
+    assert gr.cuda_routed(12) and gr.act_layout(12) == gr.CUDA_LAYOUT

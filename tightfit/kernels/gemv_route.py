@@ -45,12 +45,33 @@ CUDA_LAYOUT = 200
 
 
 def cuda_routed(qtype: int) -> bool:
-    """Whether `qtype` matrices run on the CUDA C++ GEMV (gemv_cuda) in this process."""
+    """Whether `qtype` matrices run on the CUDA C++ GEMV (gemv_cuda) in this process: cupy and a
+    GPU present, the type supported, and its module compiled (NVRTC) - a compile failure (old
+    driver, broken toolchain) routes the type to the Triton kernels with a warning instead of
+    failing the first decode step."""
     try:
         from tightfit.kernels import gemv_cuda as gc
     except Exception:  # noqa: BLE001 - module import problems: Triton routing
         return False
-    return gc.available() and gc.supported(int(qtype))
+    return gc.available() and gc.supported(int(qtype)) and _cuda_compiles(int(qtype))
+
+
+_COMPILED: dict[int, bool] = {}
+
+
+def _cuda_compiles(qtype: int) -> bool:
+    if qtype not in _COMPILED:
+        from tightfit.kernels import gemv_cuda as gc
+        try:
+            gc.prepare(qtype)
+            _COMPILED[qtype] = True
+        except Exception as e:  # noqa: BLE001 - any compile/load failure: keep the Triton path
+            import warnings
+            warnings.warn(f"CUDA GEMV for GGML type {qtype} is unavailable ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); using the Triton kernels",
+                          RuntimeWarning, stacklevel=2)
+            _COMPILED[qtype] = False
+    return _COMPILED[qtype]
 
 
 def small_enabled() -> bool:
