@@ -198,5 +198,6 @@ def test_plan_notes_truthful():
                    PlanOptions(ctx=131072, available=16 << 30, kv_type="tq3"))
     assert p.fits and p.line("kv_cache").bytes == 131072 * 16 * 2 * (1024 // 32 * 14)
     note = " ".join(p.notes)
-    assert "GPU" in note and "slower per layer than the f16 cache" in note
+    # the note carries the device measurement (bench/RESULTS.md session 3 call 4), not a promise
+    assert "GPU" in note and "the f16 time" in note and "tq3/tq4 1.8-1.9x" in note
     assert "does not take it" not in note and "CPU path only" not in note
