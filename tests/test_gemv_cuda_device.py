@@ -105,7 +105,9 @@ def test_device_wpr(wpr):
                           config={"wpr": 1})
         y = gc.gemv_cuda(qa, w, t, 300, torch.full((3, 300), float("nan"), device="cuda"),
                          config={"wpr": wpr})
-        torch.testing.assert_close(y, y0, rtol=1e-5, atol=1e-5)
+        # a different split of K sums the same exact integer dots in another fp32 order: the
+        # bound is relative to the output scale (an output near zero differs by ~1e-5 of max|y|)
+        torch.testing.assert_close(y, y0, rtol=1e-5, atol=1e-5 * float(y0.abs().max()))
 
 
 @pytest.mark.parametrize("t", [12, 14, 8], ids=NAMES.get)

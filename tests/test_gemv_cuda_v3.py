@@ -150,6 +150,23 @@ def test_v3_kernel_names_and_wpr():
             assert w in (1, 2) and w <= kc // 1024
 
 
+def test_auto_takes_the_measured_winners():
+    """The default variant picks, per launch, what session 4's H200 run measured fastest: v2h at
+    NC = 1 (tf_gemv2h for the two-phase formats), v3 at NC >= 2 on wide matrices, v2 bodies on
+    narrow ones; and it compiles exactly the two modules it may launch."""
+    assert gc.DEFAULT_KERN == "auto" and gc._kern() in gc.KERNS
+    assert gc.concrete("auto", 1, 17408) == "v2h"
+    assert gc.concrete("auto", 8, 17408) == "v3" and gc.concrete("auto", 2, 5120) == "v3"
+    assert gc.concrete("auto", 8, 1024) == "v2h"
+    assert gc.concrete("v1", 8, 17408) == "v1"
+    assert gc.module_kerns("auto") == ("v2h", "v3") and gc.module_kerns("v3") == ("v3",)
+    assert gc.kernel_names(23, "v2h")[0] == "tf_gemv2h<F_IQ4_XS, 1>"
+    assert gc.kernel_names(23, "v2h")[7] == "tf_gemv2<F_IQ4_XS, 8>"
+    assert gc.kernel_names(14, "v2h")[0] == "tf_gemv<F_Q6_K, 1>"
+    with pytest.raises(ValueError):
+        gc.kernel_names(23, "auto")
+
+
 def test_cse_friendly_h2f_matches_numpy():
     """TF_CSE_FRIENDLY tf_h2f: bits ((h & 0x8000) << 16 | (h & 0x7FFF) << 13) as fp32, times 2^112."""
     assert "5.192296858534828e33f" in (CUDA_DIR / "gemv_common.cuh").read_text()

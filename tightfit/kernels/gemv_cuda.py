@@ -38,12 +38,14 @@ _geom: dict[tuple, tuple] = {}
 _streams: dict[int, object] = {}
 
 
-KERNS = ("v1", "v2", "v2h", "v3")
-# v1 is the kernel measured on the H200 (bench/RESULTS.md session 3 call 4); v2/v2h (IQ4_XS and
-# Q5_K loads issued ahead of compute) pass the host harness but have not run on a GPU yet: select
-# them with TIGHTFIT_CU_GEMV=v2 / config kern until a device run measures them. v3 (x staged in
-# shared memory, 2 rows per warp reusing each column's x words; NC >= 2) is unmeasured as well.
-DEFAULT_KERN = "v1"
+KERNS = ("auto", "v1", "v2", "v2h", "v3")
+# Measured on the H200 (bench/RESULTS.md session 4 call 1, % of copy bandwidth at 5120->17408 /
+# 17408->5120): at N = 1, v2h lifts IQ4_XS from 46/42 % (v1) to 51/51 % and Q5_K 17408->5120 from 57
+# to 62 %, the other formats within +-2 %; at N = 8, v3 lifts every format on the wide shapes by
+# 20-40 % (Q8_0 31/27 -> 40/38 %) but loses on 5120->1024 (Q8_0 14 -> 11 %). "auto" takes each
+# winner: v2h at NC = 1, v3 at NC >= 2 on matrices with >= V3_MIN_OUT rows, v2 otherwise.
+DEFAULT_KERN = "auto"
+V3_MIN_OUT = 4096
 
 
 def _kern(config: dict | None = None) -> str:
@@ -59,6 +61,21 @@ def _kern(config: dict | None = None) -> str:
     if k not in KERNS:
         raise ValueError(f"CUDA GEMV: kern {k!r} not in {KERNS}")
     return k
+
+
+def concrete(kern: str, nc: int, n_out: int | None = None) -> str:
+    """The variant that runs an NC-column launch: `kern` itself unless it is "auto" (see KERNS).
+    n_out None (no shape known: compile-time) counts as a large matrix."""
+    if kern != "auto":
+        return kern
+    if nc == 1:
+        return "v2h"
+    return "v3" if (n_out is None or n_out >= V3_MIN_OUT) else "v2h"
+
+
+def module_kerns(kern: str) -> tuple[str, ...]:
+    """Concrete variants whose modules `kern` may launch (v2h's module holds tf_gemv2 at NC >= 2)."""
+    return ("v2h", "v3") if kern == "auto" else (kern,)
 
 
 def _prefix(kern: str) -> str:
@@ -181,10 +198,13 @@ def _kname(kern: str, nc: int, name: str = "") -> str:
 def kernel_names(qtype: int, kern: str | None = None) -> list[str]:
     name = _formats()[int(qtype)]
     kern = kern or _kern()
+    if kern == "auto":
+        raise ValueError("kernel_names needs a concrete variant (see concrete())")
     return [f"{_kname(kern, nc, name)}<{name}, {nc}>" for nc in NCS]
 
 
 def _module(qtype: int, device: int, kern: str | None = None) -> dict[int, object]:
+    """Functions per NC of one concrete variant's module."""
     kern = kern or _kern()
     key = (device, int(qtype), kern)
     mods = _modules.get(key)
@@ -206,8 +226,8 @@ def _module(qtype: int, device: int, kern: str | None = None) -> dict[int, objec
 def prepare(qtype: int, device=None, config: dict | None = None) -> None:
     """Compile (or load from cupy's cache) the module of `qtype` now, outside any graph capture."""
     dev = torch.device(device) if device is not None else torch.device("cuda")
-    _module(int(qtype), dev.index if dev.index is not None else torch.cuda.current_device(),
-            _kern(config))
+    for k in module_kerns(_kern(config)):
+        _module(int(qtype), dev.index if dev.index is not None else torch.cuda.current_device(), k)
 
 
 def _stream(ptr: int, device: int):
@@ -251,10 +271,11 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
         wpr = int((config or {}).get("wpr", 0)) or pick_wpr(qtype, k, n_out)
         if wpr not in (1, 2, 4, 8):
             raise ValueError(f"CUDA GEMV: wpr {wpr} not in 1, 2, 4, 8")
-        mods = _module(qtype, dev.index, kern)
         launches = []
         for c0, nc in _chunks(n):
-            if _v3(kern, nc):
+            ck = concrete(kern, nc, int(n_out))
+            mods = _module(qtype, dev.index, ck)
+            if _v3(ck, nc):
                 kc, rpw = v3_geom(nc)
                 w3 = int((config or {}).get("wpr", 0)) or pick_wpr_v3(k, n_out, nc)
                 if w3 not in (1, 2, 4, 8) or w3 > kc // 1024:
@@ -298,6 +319,8 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
 def report_source(lowbit: bool | None = None, kern: str | None = None
                   ) -> tuple[str, list[tuple[str, int, int]]]:
     kern = kern or _kern()
+    if kern == "auto":
+        raise ValueError("compile_report needs a concrete variant: v1, v2, v2h or v3")
     src = _prefix(kern) + formats_source(True, lowbit=lowbit)
     inst, rows = [], []
     for name, t in format_list(src):
@@ -336,4 +359,4 @@ def compile_report(arch: str = "sm_90", nvcc: str | None = None,
 
 
 __all__ = ["available", "supported", "gemv_cuda", "prepare", "pick_wpr", "compile_report",
-           "NCS", "source_hash", "KERNS", "v3_geom", "v3_smem", "pick_wpr_v3"]
+           "NCS", "source_hash", "KERNS", "concrete", "module_kerns", "v3_geom", "v3_smem", "pick_wpr_v3"]
