@@ -308,8 +308,26 @@ def scen_block_step():
                  st, j, M)
 
 
+def scen_attn_prefill():
+    """Bounded prefill attention (attn_prefill_flash): f16 cache in place at chunk sizes of 16, 24
+    and 1024 queries; quantized caches over several tiles (first / middle / last launch)."""
+    from tightfit.kernels import attn_prefill_flash as AF
+    from tightfit.kvquant.formats import FORMATS, MIXED, get_format, split_kv_type
+    kc = torch.zeros(4096, HKV, D, dtype=torch.float16)
+    for n in (16, 24, 1024):
+        q = torch.zeros(n, H, D)
+        _scn(f"attn_prefill flash f16 n={n}", AF.flash_attn_prefill, q, kc, kc.clone(), 2048)
+    q = torch.zeros(64, H, D)
+    for kv in list(FORMATS) + list(MIXED):
+        kn, vn = split_kv_type(kv)
+        kf, vf = get_format(kn), get_format(vn)
+        kcq = torch.zeros(256, HKV, kf.row_bytes(D), dtype=torch.uint8)
+        vcq = torch.zeros(256, HKV, vf.row_bytes(D), dtype=torch.uint8)
+        _scn(f"attn_prefill flash {kv}", AF.flash_attn_prefill, q, kcq, vcq, 160, kv, tile=64)
+
+
 SCENARIOS = [scen_gemv_v1, scen_gemv_v2, scen_quant_act, scen_gemm_q, scen_embed, scen_gemv_t3,
-             scen_attention, scen_norm_gdn, scen_norm_quant, scen_block_step]
+             scen_attention, scen_attn_prefill, scen_norm_gdn, scen_norm_quant, scen_block_step]
 
 
 # ---- compiling ------------------------------------------------------------------------------------

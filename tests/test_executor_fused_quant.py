@@ -1,4 +1,4 @@
-"""Fused activation quantization in the decode step (TIGHTFIT_FUSE_QUANT=1; off by default until measured on the device): the
+"""Fused activation quantization in the decode step (on by default, TIGHTFIT_FUSE_QUANT=0 turns it off): the
 add+RMSNorm, SwiGLU and gated-RMSNorm kernels write the int8 GEMV input themselves and the
 executor skips the separate quantize launch. The quantized bytes are the same as quantize-after
 (tests/test_kernels_fused_quant.py), so the step's logits must be IDENTICAL with the switch on and
@@ -60,10 +60,13 @@ def _fast_gemv(monkeypatch):
 
 def _run(mf, monkeypatch, fuse: str, toks, **kw):
     from tightfit.model.executor import GPUModel
-    monkeypatch.setenv("TIGHTFIT_FUSE_QUANT", fuse)
+    if fuse is None:
+        monkeypatch.delenv("TIGHTFIT_FUSE_QUANT", raising=False)    # the default
+    else:
+        monkeypatch.setenv("TIGHTFIT_FUSE_QUANT", fuse)
     _fast_gemv(monkeypatch)
     exe = GPUModel.from_model_file(mf, device="cpu", n_ctx=48, use_triton=True, **kw)
-    assert exe.fuse_quant == (fuse == "1")
+    assert exe.fuse_quant == (fuse != "0")
     calls = _count_quants(monkeypatch)
     st = exe.new_state(48)
     out = torch.cat([exe.forward([t], st, logits="all").detach().cpu().clone() for t in toks])
@@ -112,7 +115,7 @@ def test_mixed_types_and_float_consumers(tmp_path, monkeypatch):
     toks = [9, 41]
     with open_model(p) as mf:
         exe0, a, calls0 = _run(mf, monkeypatch, "0", toks)
-        exe1, b, calls1 = _run(mf, monkeypatch, "1", toks)
+        exe1, b, calls1 = _run(mf, monkeypatch, None, toks)
         assert exe1.lin["blk.0.ffn_down.weight"].kind == "float"
         assert exe1.lin["blk.0.attn_gate.weight"].kind == "float"
         assert exe1.lin["blk.0.ffn_gate.weight"].layout == 1

@@ -13,11 +13,21 @@
   like the cache (K/V are exact fp16 there; softmax and accumulation in fp32 inside the kernel);
   on the CPU it runs in float32.
 
+`prefill_attention` is what BatchForward calls: on CUDA the bounded Triton flash kernel
+(tightfit/kernels/attn_prefill_flash.py: the cache read in place, quantized caches decoded tile by
+tile into a fixed fp16 scratch, nothing depth-sized) after a prefix and for every quantized cache;
+`attn_prefill` (torch flash SDPA, is_causal=True, GQA native, O(n) memory) for the first chunk of
+an f16 cache. TIGHTFIT_PREFILL_ATTN=sdpa restores the torch paths everywhere (this module's
+`attn_prefill`, kvquant.reference.attention_quant for quantized caches; the expanded K/V above
+are NOT priced by the planner), =flash takes the Triton kernel for the first chunk too (and on
+the CPU under TRITON_INTERPRET=1, for the tests); the CPU otherwise keeps the torch paths.
+
 `attn_prefill_ref` is the float64 oracle (the einsum form of ReferenceModel._attention).
 """
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -108,6 +118,35 @@ def attn_prefill(q: torch.Tensor, kcache: torch.Tensor, vcache: torch.Tensor, p0
     return o[0].transpose(0, 1).to(torch.float32)                       # [n, H, D]
 
 
+def prefill_attn_mode(device: torch.device, p0: int, kv_type: str | None) -> str:
+    """'flash' (attn_prefill_flash), 'sdpa' (attn_prefill) or 'quant_torch' (attention_quant)
+    for a block at p0 on `device`; see the module docstring (TIGHTFIT_PREFILL_ATTN)."""
+    want = os.environ.get("TIGHTFIT_PREFILL_ATTN", "auto").strip().lower()
+    torch_path = "quant_torch" if kv_type else "sdpa"
+    if want == "sdpa":
+        return torch_path
+    if torch.device(device).type != "cuda":
+        return "flash" if (want == "flash" and os.environ.get("TRITON_INTERPRET") == "1") \
+            else torch_path
+    if want == "flash" or p0 > 0 or kv_type:
+        return "flash"
+    return "sdpa"
+
+
+def prefill_attention(q: torch.Tensor, kcache: torch.Tensor, vcache: torch.Tensor, p0: int,
+                      kv_type: str | None = None) -> torch.Tensor:
+    """Causal attention of the block q [n, H, D] over cache rows 0..p0+n-1 -> [n, H, D] fp32
+    (before the output gate), by `prefill_attn_mode`."""
+    mode = prefill_attn_mode(q.device, p0, kv_type)
+    if mode == "flash":
+        from tightfit.kernels.attn_prefill_flash import flash_attn_prefill
+        return flash_attn_prefill(q, kcache, vcache, p0, kv_type)
+    if mode == "quant_torch":
+        from tightfit.kvquant.reference import attention_quant
+        return attention_quant(q, kcache, vcache, p0, kv_type)
+    return attn_prefill(q, kcache, vcache, p0)
+
+
 def attn_prefill_ref(q: torch.Tensor, kcache: torch.Tensor, vcache: torch.Tensor, p0: int,
                      dtype: torch.dtype = torch.float64) -> torch.Tensor:
     n, H, D = q.shape
@@ -124,5 +163,6 @@ def attn_prefill_ref(q: torch.Tensor, kcache: torch.Tensor, vcache: torch.Tensor
 
 
 def kv_expand_bytes(n_head: int, head_dim: int, n: int, depth: int) -> int:
-    """Temporary K/V expanded to all query heads (fp16) for a chunk after a prefix."""
+    """Temporary K/V expanded to all query heads (fp16) for a chunk after a prefix: the
+    TIGHTFIT_PREFILL_ATTN=sdpa fallback only (not priced by the planner)."""
     return 2 * n_head * (depth + n) * head_dim * 2 if depth else 0

@@ -4,7 +4,8 @@ the read-only mmap), and single-row decode for the host embedding table (seed 00
 `gemv` quantizes the activations once per call (int8, one scale per 256, spec §3.8 "Q8_K") and
 runs an integer kernel per 256-element weight block (cpu_gemv_kern.py: on AVX2 hosts `gemv_simd`,
 explicit vpshufb/vpmaddubsw/vpmaddwd code, for IQ4_XS, Q4_K, Q5_K, Q6_K; the portable numba
-kernels gemv_int (K-quants) and gemv_iq (IQ2/IQ3 grids) otherwise), or an fp32 kernel for the
+kernels gemv_int (K-quants) and gemv_iq (IQ2/IQ3 grids) otherwise; the ternary TQ2_0/TQ1_0 in
+cpu_gemv_ternary.py, AVX2 or portable), or an fp32 kernel for the
 32-element types (Q8_0, Q4_0, IQ4_NL). Parallel over output
 rows with `set_threads(n)` threads (numba's pool); all scratch is preallocated and reused.
 Other types (and rows whose K is not a multiple of 256 for the integer types) go through the
@@ -13,6 +14,7 @@ NumPy dequantizer `fallback_rows` rows at a time, never the whole matrix.
 `Group` runs several matrices that read the same x (a layer's host rows on one input) in ONE
 parallel call: x quantized once, the rows of all of them in byte-balanced chunks, each row
 bit-identical to `gemv`'s (tightfit.model.placed.HostGroup, the executor's host branch).
+The ternary matrices (TQ2_0/TQ1_0) of a group run in a second such call, sharing the quantized x.
 
 `decode_rows` decodes whole rows to fp32 with the per-block formulas of spec §2.3 below.
 """
@@ -26,15 +28,18 @@ import numba
 from numba import njit, prange
 
 from tightfit.kernels import cpu_gemv_kern as _K
+from tightfit.kernels import cpu_gemv_ternary as _T
 
 # ggml type ids (spec/quant-formats.md §1)
 F32, F16, Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS = 0, 1, 2, 8, 10, 11, 12, 13, 14, 20, 23
 IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S = 17, 18, 21, 22
+TQ1_0, TQ2_0 = _T.TQ1_0, _T.TQ2_0
 
 #: types decoded by `decode_rows` without the NumPy dequantizer: (elements, bytes) per block
 _DECODE_NATIVE: dict[int, tuple[int, int]] = {
     Q4_0: (32, 18), Q8_0: (32, 34), IQ4_NL: (32, 18), IQ4_XS: (256, 136), Q2_K: (256, 84),
     Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), F16: (1, 2),
+    TQ1_0: (256, 54), TQ2_0: (256, 66),
 }
 #: types with a native (numba) path, in gemv or decode_rows: (elements, bytes) per block
 NATIVE: dict[int, tuple[int, int]] = {
@@ -160,6 +165,23 @@ def _decode_block(qt, w, r, o, buf, k0, tab, kv4):
                         low = (np.int32(w[r, o + 64 * h + t + 32 * (g & 1)]) >> (4 * (g >> 1))) & 15
                         hi = (np.int32(w[r, o + 128 + 32 * h + t]) >> (2 * g)) & 3
                         buf[k0 + e0 + u] = dl * ((low | (hi << 4)) - 32)
+    elif qt == TQ2_0:
+        d = _h(w, r, o + 64, tab)
+        for c in range(2):
+            for m in range(32):
+                b = np.int32(w[r, o + 32 * c + m])
+                for n in range(4):
+                    buf[k0 + 128 * c + 32 * n + m] = d * (((b >> (2 * n)) & 3) - 1)
+    elif qt == TQ1_0:
+        d = _h(w, r, o + 52, tab)
+        # element e0 + span * n + j is trit n of byte j: ((b * 3^n mod 256) * 3) >> 8
+        for j0, e0, span, nt in ((0, 0, 32, 5), (32, 160, 16, 5), (48, 240, 4, 4)):
+            for j in range(span):
+                b = np.int32(w[r, o + j0 + j])
+                p = np.int32(1)
+                for n in range(nt):
+                    buf[k0 + e0 + span * n + j] = d * (((((b * p) & 255) * 3) >> 8) - 1)
+                    p *= 3
     elif qt == F16:
         buf[k0 + 0] = _h(w, r, o, tab)
 
@@ -204,6 +226,8 @@ _tls = threading.local()
 #: types run by the AVX2 kernel gemv_simd (empty without AVX2, or with TIGHTFIT_CPU_SIMD=0 for A/B
 #: timing against the portable gemv_int / gemv_iq kernels)
 SIMD = _K.SIMD_TYPES if os.environ.get("TIGHTFIT_CPU_SIMD", "1") != "0" else ()
+#: TQ2_0/TQ1_0 block sums in AVX2 IR (gemv_tq_simd); else the portable gemv_tq (same integers)
+TQ_SIMD = _K.HAVE_AVX2 and os.environ.get("TIGHTFIT_CPU_SIMD", "1") != "0"
 #: gemv_simd re-decodes each block per activation row: past this batch the K-quants are faster in
 #: gemv_int (decode once, 16-bit dot per row); IQ4_XS is faster in gemv_simd at every batch
 #: (1 thread, 2048 x 5120: Q5_K B=1 7.8 vs 3.4 GB/s, B=4 1.8 vs 2.1, B=8 0.9 vs 1.4)
@@ -246,6 +270,7 @@ class _Scratch:
         self.sc = self.sc64.view(np.int16)
         self.xqp = np.zeros((B, K), np.int8)           # IQ4_XS-permuted activations
         self.ssc = per_thread(_POOL, 16, np.int16)     # gemv_simd per-16 block scales
+        self.xb = np.zeros((B, K // 256), np.int32)     # ternary kernels: sum of each 256 codes
 
 
 def _scratch(B: int, K: int) -> _Scratch:
@@ -313,7 +338,7 @@ def gemv(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = None
     y2 = y.reshape(B, M)
     if M == 0:
         return y2[0] if vec else y2
-    if qtype in _K.INT_TYPES or qtype in _K.F32_TYPES:
+    if qtype in _K.INT_TYPES or qtype in _K.F32_TYPES or qtype in _T.TQ_TYPES:
         if not w.flags.c_contiguous:
             w = np.ascontiguousarray(w)   # rows must be dense; an mmap row range already is
         if numba.get_num_threads() != _threads:
@@ -341,8 +366,9 @@ class Group:
     are cut into chunks of about equal bytes (`CHUNKS_PER_THREAD` per thread, scheduled
     dynamically) and every chunk writes its own matrix's columns of one output (B, n_out), matrix
     i at columns spans[i]. Each row is computed exactly as `gemv` computes it (the same block
-    code and running sum: bit-identical). Matrices the grouped kernel does not run (types
-    outside SIMD, or the K-quants past SIMD_MAX_BATCH_K) go through `gemv` one by one.
+    code and running sum: bit-identical). The ternary matrices (TQ2_0, TQ1_0) run the same way
+    in one call of their own grouped kernel (gemv_tq_group). Matrices neither grouped kernel runs
+    (other types, or the K-quants past SIMD_MAX_BATCH_K) go through `gemv` one by one.
 
     mats: (raw rows (M, row_bytes) uint8, ggml type) per matrix, all of the same K."""
 
@@ -378,6 +404,10 @@ class Group:
     def _grouped(self, B: int) -> tuple[int, ...]:
         return tuple(i for i, qt in enumerate(self.qtypes) if self.ws[i].shape[0]
                      and qt in SIMD and (qt == IQ4_XS or B <= SIMD_MAX_BATCH_K))
+
+    def _ternary(self) -> tuple[int, ...]:
+        return tuple(i for i, qt in enumerate(self.qtypes) if self.ws[i].shape[0]
+                     and qt in _T.TQ_TYPES)
 
     def _plan(self, idx: tuple[int, ...]):
         """(typed list of the matrices, types, output columns, chunk matrix/row0/row1) for the
@@ -419,20 +449,27 @@ class Group:
         if not y.flags.c_contiguous or y.size != B * self.n_out:
             raise ValueError(f"out must be a C-contiguous array of {B} x {self.n_out} floats")
         y2 = y.reshape(B, self.n_out)
-        idx = self._grouped(B)
-        if idx:
+        idx, tq = self._grouped(B), self._ternary()
+        if idx or tq:
             if numba.get_num_threads() != _threads:
                 numba.set_num_threads(_threads)
-            ws, qts, cols, cm, c0, c1 = self._plan(idx)
             s = _scratch(B, K)
             _K.quantize_act(x2, s.xq, s.xd, s.xs)
             prev = _chunksize(1)
             try:
-                _K.gemv_simd_group(ws, qts, cols, cm, c0, c1, s.xq, s.xd, s.xs, y2, _F16, s.ssc)
+                if idx:
+                    ws, qts, cols, cm, c0, c1 = self._plan(idx)
+                    _K.gemv_simd_group(ws, qts, cols, cm, c0, c1, s.xq, s.xd, s.xs, y2, _F16,
+                                       s.ssc)
+                if tq:
+                    ws, qts, cols, cm, c0, c1 = self._plan(tq)
+                    _T.block_sums(s.xs, s.xb)
+                    kern = _T.gemv_tq_group_simd if TQ_SIMD else _T.gemv_tq_group
+                    kern(ws, qts, cols, cm, c0, c1, s.xq, s.xd, s.xb, y2, _F16)
             finally:
                 _chunksize(prev)
         for i, (w, qt) in enumerate(zip(self.ws, self.qtypes)):
-            if i in idx:
+            if i in idx or i in tq:
                 continue
             a, b = self.spans[i]
             if B == 1:
@@ -453,11 +490,16 @@ def _chunksize(n: int) -> int:
 
 
 def _run(qtype: int, w: np.ndarray, x2: np.ndarray, y2: np.ndarray, s: _Scratch) -> None:
-    """The native kernel for qtype (INT_TYPES or F32_TYPES): y2 = x2 . W^T."""
+    """The native kernel for qtype (INT_TYPES, F32_TYPES or TQ_TYPES): y2 = x2 . W^T."""
     if qtype in _K.F32_TYPES:
         _K.gemv_f32(qtype, w, x2, y2, _F16, _KV4_16, s.fbuf, s.dsc, s.acc)
     else:
         _K.quantize_act(x2, s.xq, s.xd, s.xs)
+        if qtype in _T.TQ_TYPES:
+            _T.block_sums(s.xs, s.xb)
+            kern = _T.gemv_tq_simd if TQ_SIMD else _T.gemv_tq
+            kern(qtype, w, s.xq, s.xd, s.xb, y2, _F16)
+            return
         if qtype in SIMD and (qtype == IQ4_XS or x2.shape[0] <= SIMD_MAX_BATCH_K):
             _K.gemv_simd(qtype, w, s.xq, s.xd, s.xs, y2, _F16, s.ssc)
             return

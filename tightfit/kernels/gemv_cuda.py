@@ -38,7 +38,7 @@ _geom: dict[tuple, tuple] = {}
 _streams: dict[int, object] = {}
 
 
-KERNS = ("auto", "v1", "v2", "v2h", "v3")
+KERNS = ("auto", "v1", "v2", "v2h", "v3", "v4")
 # Measured on the H200 (bench/RESULTS.md session 4 call 1, % of copy bandwidth at 5120->17408 /
 # 17408->5120): at N = 1, v2h lifts IQ4_XS from 46/42 % (v1) to 51/51 % and Q5_K 17408->5120 from 57
 # to 62 %, the other formats within +-2 %; at N = 8, v3 lifts every format on the wide shapes by
@@ -55,7 +55,9 @@ def _kern(config: dict | None = None) -> str:
         NC <= 2 for those, cheaper IQ4 lookup). v2h: v2, but NC = 1 uses tf_gemv2h (min 4
         CTAs/SM, <= 64 registers: ptxas keeps the U items' loads hoisted).
     v3: tf_gemv3 for NC >= V3_MIN_NC (x staged in shared memory per CTA, RPW rows per warp,
-        v2 format bodies); NC below that runs tf_gemv with the v2 bodies."""
+        v2 format bodies); NC below that runs tf_gemv with the v2 bodies.
+    v4: "auto", except NC = 1 of the two-phase formats runs tf_gemv4 (fewer instructions per
+        item: the formats' single-column compute1, constant-offset item addressing)."""
     k = (config or {}).get("kern") or os.environ.get("TIGHTFIT_CU_GEMV") or DEFAULT_KERN
     k = str(k).strip().lower()
     if k not in KERNS:
@@ -66,6 +68,8 @@ def _kern(config: dict | None = None) -> str:
 def concrete(kern: str, nc: int, n_out: int | None = None) -> str:
     """The variant that runs an NC-column launch: `kern` itself unless it is "auto" (see KERNS).
     n_out None (no shape known: compile-time) counts as a large matrix."""
+    if kern == "v4":
+        return "v4" if nc == 1 else concrete("auto", nc, n_out)
     if kern != "auto":
         return kern
     if nc == 1:
@@ -75,7 +79,7 @@ def concrete(kern: str, nc: int, n_out: int | None = None) -> str:
 
 def module_kerns(kern: str) -> tuple[str, ...]:
     """Concrete variants whose modules `kern` may launch (v2h's module holds tf_gemv2 at NC >= 2)."""
-    return ("v2h", "v3") if kern == "auto" else (kern,)
+    return {"auto": ("v2h", "v3"), "v4": ("v4", "v2h", "v3")}.get(kern, (kern,))
 
 
 def _prefix(kern: str) -> str:
@@ -192,7 +196,9 @@ def _kname(kern: str, nc: int, name: str = "") -> str:
         return "tf_gemv3"
     if kern in ("v1", "v3") or name not in TWO_PHASE:
         return "tf_gemv"
-    return "tf_gemv2h" if (kern == "v2h" and nc == 1) else "tf_gemv2"
+    if nc == 1 and kern in ("v2h", "v4"):
+        return "tf_gemv2h" if kern == "v2h" else "tf_gemv4"
+    return "tf_gemv2"
 
 
 def kernel_names(qtype: int, kern: str | None = None) -> list[str]:
@@ -320,7 +326,7 @@ def report_source(lowbit: bool | None = None, kern: str | None = None
                   ) -> tuple[str, list[tuple[str, int, int]]]:
     kern = kern or _kern()
     if kern == "auto":
-        raise ValueError("compile_report needs a concrete variant: v1, v2, v2h or v3")
+        raise ValueError("compile_report needs a concrete variant: v1, v2, v2h, v3 or v4")
     src = _prefix(kern) + formats_source(True, lowbit=lowbit)
     inst, rows = [], []
     for name, t in format_list(src):

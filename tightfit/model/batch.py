@@ -297,11 +297,9 @@ class BatchForward:
         kvt = getattr(st, "kv_type", None)
         q = AP.qk_prep_block(qg, k, vv, v[p + "attn_q_norm.weight"], v[p + "attn_k_norm.weight"],
                              self.m.cos, self.m.sin, st.k[s], st.v[s], p0, c.rms_eps, kvt)
-        if kvt:      # quantized cache: the torch twin of attn_decode_q (tiles of decoded codes)
-            from tightfit.kvquant.reference import attention_quant
-            o = attention_quant(q, st.k[s], st.v[s], p0, kvt)
-        else:
-            o = AP.attn_prefill(q, st.k[s], st.v[s], p0)
+        # bounded flash kernel on CUDA (f16 cache in place / quantized cache tile by tile), torch
+        # flash SDPA for an f16 cache's first chunk, torch paths on the CPU (prefill_attn_mode)
+        o = AP.prefill_attention(q, st.k[s], st.v[s], p0, kvt)
         o = o * torch.sigmoid(qg.view(n, H, 2 * D)[..., D:])
         return self.lin(o.reshape(n, H * D), p + "attn_output.weight")
 

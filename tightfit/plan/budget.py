@@ -152,6 +152,124 @@ def _decode_scratch(cfg: Qwen35Config, T: int, ctx: int, partials: bool) -> dict
             "attention_partials": attn_partials, "output_head": head}
 
 
+# ---- the batched forward's per-chunk bytes (ONE formula: tightfit.model.batch uses it too) ------
+PREFILL_GEMM_SCRATCH = 64 * MiB   # tightfit.kernels.gemm_q.DEFAULT_SCRATCH (bf16 dequant row chunk)
+PREFILL_ATTN_TILE = 4096          # tightfit.kernels.attn_prefill_flash.TILE_ROWS (quantized KV)
+RING_SLOT = 32 * MiB              # tightfit.model.batch.RING_SLOT_BYTES (host-row ring, 2 slots)
+RING_MIN_M = 32                   # tightfit.model.batch.RING_MIN_M (smaller blocks: CPU rows)
+FLA_CHUNK = 64                    # fla-core chunk_gated_delta_rule's chunk (BT)
+
+
+def _gemm_temp(n: int, n_in: int, n_out: int, scratch: int) -> int:
+    """gemm_q temporaries of one [n, n_in] x [n_in, n_out] call besides its fp32 output: the bf16
+    copy of x, then either the dequant path (bf16 row chunk <= scratch, cuBLAS's fp32 result of
+    the chunk before it is copied into the output) or a float matrix (x cast + a full fp32
+    result); the fused path needs only the bf16 copy of x."""
+    rows = min(n_out, max(1, scratch // (2 * n_in)))
+    return n * n_in * 2 + max(min(scratch, rows * n_in * 2) + n * rows * 4, n * n_out * 4)
+
+
+def _norm_temp(n: int, width: int) -> int:
+    """_rmsnorm of [n, width] fp32: the float64 copy and its square (the mean is taken in
+    float64) are alive together, then x * rsqrt before * w."""
+    return n * width * (8 + 8)
+
+
+def prefill_workspace(cfg: Qwen35Config, n: int, depth: int = 0, kv_type: str | None = None,
+                      scratch_bytes: int = PREFILL_GEMM_SCRATCH, gdn_chunk: int = GDN_PREFILL_CHUNK,
+                      attn_tile: int = PREFILL_ATTN_TILE, gdn: str = "max",
+                      attn: str = "auto") -> dict[str, int]:
+    """Device bytes BatchForward (tightfit.model.batch) allocates for one chunk of n tokens after
+    `depth` cached ones, besides weights, state and the executor's buffers: the peak of the
+    blocks, which run one after another (every tensor of a block is freed before the next).
+
+    Phases (fp32 = 4 B; E, F, C = conv_dim, Vd = value_dim, Hv, S, H, D, Hkv):
+      resident   the residual x and the block's normed input xn (n E each), the new residual
+                 while the old one is alive (n E), and one _rmsnorm's float64 temporaries;
+      gdn        u (n C), the conv window ((K-1+n) C), conv output (n C) and the conv's running
+                 sum + product (2 n C), z (n Vd), q/k repeated to Hv heads (2 n Vd), fla's
+                 contiguous v (n Vd), alpha/beta/g/beta (4 n Hv), then the larger of: the chunked
+                 delta rule's temporaries (`gdn`: 'torch' chunk_gdn_torch, 'fla' fla-core
+                 chunk_gated_delta_rule_fwd, 'max' the larger: whichever backend the device
+                 takes), or the output norm / gate (2 n Vd + norm) + ssm_out's GEMM temporaries;
+      attention  q|gate (2 n H D), k, v (2 n Hkv D), q (n H D), then the largest of: q/k norm +
+                 RoPE temporaries (24 n H D; quantize-on-write 64 B per K/V value), the attention
+                 (`attn`: 'flash' the bounded Triton kernel attn_prefill_flash: fp32 output, for a
+                 quantized cache 2 fp16 tiles of min(attn_tile, depth+n) rows + m, l + the
+                 rotations; 'sdpa' torch flash SDPA of the first chunk: fp16 q, fp16 + fp32
+                 output, logsumexp; 'auto' the larger of the two for an f16 cache, flash for a
+                 quantized one), or the gate (2 n H D) + attn_output's GEMM temporaries;
+      ffn        the normed input (n E), gate and up (2 n F), SiLU(gate) and the product (2 n F),
+                 the largest GEMM's temporaries (E -> F or F -> E) and its output;
+      gemm       `scratch_bytes`: gemm_q's bf16 dequant chunk (inside the GEMM temporaries);
+      logits     one row of the LM head (state-only prefill: the last token only).
+    Every phase's matrices are priced with `_gemm_temp` at their real widths; the figure is an
+    upper bound of the caching allocator's peak (bench/prefill.py prints both)."""
+    c = cfg
+    n = max(1, int(n))
+    E, F, C, Vd = c.n_embd, c.n_ff, c.conv_dim, c.value_dim
+    H, D, Hkv, Hv, S = c.n_head, c.head_dim, c.n_head_kv, c.ssm_v_heads, c.ssm_state
+    HD, kvd, K = H * D, c.kv_dim, c.ssm_conv_kernel
+    sc = int(scratch_bytes)
+    resident = n * E * 4 * 3 + _norm_temp(n, E)
+    # ---- Gated DeltaNet block
+    # alive until _gdn returns: u, conv window, conv output, z, alpha/beta/g/beta
+    gdn_keep = 4 * (2 * n * C + (K - 1 + n) * C + n * Vd + 4 * n * Hv)
+    Cc = max(1, min(int(gdn_chunk), n))
+    per = Hv * -(-n // Cc) * Cc
+    # chunk_gdn_torch: padded q/k/v chunks, decay matrix D, A, the solve's right-hand side and
+    # solution (and the solver's own copies), P, [Q Gamma; W], K~^T, O, per (head, token)
+    torch_core = per * (14 * S + 6 * Cc) * 4 + 2 * Hv * S * S * 4
+    NT = -(-n // FLA_CHUNK)
+    # fla-core chunk_gated_delta_rule_fwd: g cumsum, A and its inverse [T, BT] fp32, w, u,
+    # v_new, o [T, Vd], chunk states h [NT, Hv, S, S], initial/final state
+    fla_core = (n * Hv * (4 + 2 * FLA_CHUNK * 4) + 4 * n * Vd * 4 + NT * Hv * S * S * 4
+                + 3 * Hv * S * S * 4)
+    core = {"torch": torch_core, "fla": fla_core, "max": max(torch_core, fla_core)}[gdn]
+    qk_rep = 2 * n * Vd * 4                        # q, k repeated to Hv heads (alive to the end)
+    gdn_out = qk_rep + 3 * n * Vd * 4 + _norm_temp(n, Vd) + n * E * 4   # o, silu(z), o*gate
+    gdn_proj = max(_gemm_temp(n, E, w, sc) + n * w * 4 for w in (C, Vd))
+    gdn_b = gdn_keep + max(2 * n * C * 4, qk_rep + n * Vd * 4 + core,
+                           gdn_out + _gemm_temp(n, Vd, E, sc), gdn_proj)
+    # ---- full attention block
+    attn_keep = (2 * n * HD + 2 * n * kvd + n * HD) * 4
+    prep = 24 * n * HD + (64 * n * kvd * 2 if kv_type else 0)
+    T = depth + n
+    flash = n * HD * 4
+    if kv_type:
+        from tightfit.kvquant.formats import get_format, split_kv_type
+        kf, vf = (get_format(x) for x in split_kv_type(kv_type))
+        flash += 2 * min(int(attn_tile), T) * kvd * 2 + 2 * n * H * 4
+        rot = (n * HD * 4 if kf.rotate else 0) + (n * HD * 4 if vf.rotate else 0)
+        flash += rot + (D * D * 4 if rot else 0)
+    sdpa = n * HD * (2 + 2 + 4) + n * H * 4
+    a_core = {"flash": flash, "sdpa": sdpa,
+              "auto": flash if kv_type else max(flash, sdpa)}[attn]
+    attn_out = 2 * n * HD * 4 + _gemm_temp(n, HD, E, sc) + n * E * 4
+    attn_proj = max(_gemm_temp(n, E, w, sc) + n * w * 4 for w in (2 * HD, kvd))
+    attn_b = attn_keep + max(prep, a_core, attn_out, attn_proj)
+    # ---- FFN
+    ffn_b = n * E * 4 + max(_norm_temp(n, E), 2 * n * F * 4 + max(
+        _gemm_temp(n, E, F, sc), 2 * n * F * 4, n * F * 4 + _gemm_temp(n, F, E, sc) + n * E * 4))
+    blocks = {"gdn_block": gdn_b, "attention_block": attn_b, "ffn_block": ffn_b}
+    peak_block = max(blocks.values())
+    out = {"resident": resident, **blocks, "gdn_core": core, "attention_core": a_core,
+           "gemm_scratch": min(sc, max(_gemm_rows_bytes(n_in, sc) for n_in in (E, F, Vd, HD))),
+           "logits": c.n_vocab * 4}
+    out["total"] = resident + peak_block + out["logits"]
+    return out
+
+
+def _gemm_rows_bytes(n_in: int, scratch: int) -> int:
+    return max(1, scratch // (2 * n_in)) * n_in * 2
+
+
+def ring_bytes(slot: int = RING_SLOT) -> int:
+    """Device bytes of the host-row ring (tightfit.model.batch.HostRowRing: 2 staging slots), held
+    once a prefill chunk of >= 32 tokens streams split rows."""
+    return 2 * int(slot)
+
+
 def workspace_buffers(cfg: Qwen35Config, o: PlanOptions, inv: ModelInventory | None = None):
     """The executor's step buffers for these options (tightfit.plan.buffers.step_buffers); the
     int8 GEMV inputs are priced for every matrix the executor reads (a matrix moved wholly to
@@ -201,18 +319,19 @@ def _fixed_lines(cfg: Qwen35Config, o: PlanOptions,
                   region=packed)
     dec = _decode_scratch(cfg, B, o.ctx, partials=True)
     P = min(o.prefill_chunk, o.ctx)
-    pre = _decode_scratch(cfg, P, o.ctx, partials=False)   # prefill attention is tiled, no partials
-    pre_extra = {"chunk_hidden_residual": P * 2 * cfg.n_embd * 4,
-                 "gdn_chunk_matrices": -(-P // GDN_PREFILL_CHUNK) * cfg.ssm_v_heads
-                 * GDN_PREFILL_CHUNK * GDN_PREFILL_CHUNK * 4}
+    # what BatchForward allocates for its largest chunk at the deepest position (prefill_workspace,
+    # the same function tightfit.model.batch.workspace_bytes returns)
+    pre = prefill_workspace(cfg, P, depth=o.ctx - P,
+                            kv_type=None if fmt.name == "f16" else fmt.name)
     dec_bytes = max(v for k, v in dec.items() if k != "attention_partials")
-    pre_bytes = max(v for k, v in pre.items() if k != "attention_partials") + sum(pre_extra.values())
+    pre_bytes = pre["total"]
     scratch = BillLine("scratch", "Scratch of the batched forward: max(prefill, verify)",
                        max(dec_bytes, pre_bytes),
                        "max(verify: T=batch largest block incl. attention partials, "
-                       "prefill: T=min(chunk, ctx) largest block + chunk hidden + GDN chunk matrices)",
+                       "prefill: T=min(chunk, ctx): resident rows + largest block (GEMM, GDN, "
+                       "attention tiles) + logits row, tightfit.plan.budget.prefill_workspace)",
                        {"decode_bytes": dec_bytes, "prefill_bytes": pre_bytes, "prefill_tokens": P,
-                        "decode": dec, "prefill": {**pre, **pre_extra}})
+                        "decode": dec, "prefill": pre})
     return {"kv_cache": kv, "recurrent_state": state, "workspace": ws, "scratch": scratch}
 
 
@@ -225,9 +344,13 @@ def _exchange_tokens(o: PlanOptions, t: TensorSpec) -> int:
 def _staging(cfg: Qwen35Config, o: PlanOptions, host_embd: bool, exchange: int) -> BillLine:
     T = max(o.batch, min(o.prefill_chunk, o.ctx, EXCHANGE_TOKENS))
     emb = T * cfg.n_embd * 4 if host_embd else 0
-    return BillLine("staging", "Staging buffers (device side)", emb + exchange,
-                    "host_embd x T x E x 4 + 2 x max_split(tokens x (K + host_rows) x 4)",
-                    {"embedding_rows": emb, "row_split_exchange": exchange, "tokens": T})
+    # split matrix rows stream through BatchForward's host-row ring for chunks of >= 32 tokens
+    ring = ring_bytes() if (exchange and min(o.prefill_chunk, o.ctx) >= RING_MIN_M) else 0
+    return BillLine("staging", "Staging buffers (device side)", emb + exchange + ring,
+                    "host_embd x T x E x 4 + 2 x max_split(tokens x (K + host_rows) x 4) "
+                    "+ host-row ring (2 x 32 MiB) when rows are split",
+                    {"embedding_rows": emb, "row_split_exchange": exchange, "tokens": T,
+                     "host_row_ring": ring})
 
 
 def _reserve(o: PlanOptions) -> int:

@@ -5,23 +5,38 @@
 // defined, by g++ against a SIMT emulator (tests/test_attn_decode_q_cuda.py) so CI can check
 // the body against the float64 reference without a GPU. Configuration by macros:
 //   HD (head dim, 128 or 256), KB/VB (code bits: 8 = q8_0, 4, 3, 2), KG/VG (values per fp16
-//   scale), NW (warps per CTA), NST (cp.async stages per warp), CPB (bytes per cp.async: 16/4).
+//   scale, a multiple of 32), NW (warps per CTA), NST (cp.async stages per warp), CPB (bytes per
+//   cp.async: 16/4), MINB (optional: __launch_bounds__ min CTAs per SM).
 //
 // One CTA per (chunk, KV head); each warp takes every NW-th tile of 16 cached rows of the chunk.
 // Raw byte rows (K and V) are copied to a per-warp shared-memory ring with cp.async (NST-1 tiles
-// in flight, no registers held), then decoded straight into mma.sync m16n8k16 fragments:
+// in flight, no registers held; ring rows padded to 16 B so every row is 16-B aligned), then
+// decoded straight into mma.sync m16n8k16 fragments. A dot product does not care in which order
+// its dims are summed, so each format's dims are assigned to fragment slots in the order its
+// code bits are cheapest to unpack ("layout-aware"); q's fragments (K side) and the output rows
+// (V side) are permuted to match, at no cost in the loop:
 //   scores  S[8 heads x 16 rows] = Q K^T: A = q (rows 0-7 the fp16 hi part of the group's heads,
-//           rows 8-15 the lo part: one mma gives both), B = K^T decoded from the codes. Thread
-//           (g = lane/4, c = lane%4) decodes, per k-step s, dims 16s+4c..16s+4c+3 of rows g and
-//           g+8: four consecutive codes (q8_0: one int8 word; tqB: codebook lookups with PRMT
-//           on fp16 byte tables). The codes are UNSCALED (int8 / C[idx] are exact in fp16, C[idx]
-//           rounded once); each block of G dims is accumulated separately and multiplied by its
-//           fp32 scale (so K is never rounded after scaling: q8_0 scores are exact products).
-//   output  O^T[D x 8 heads] += V^T P^T: A = V^T (thread g owns dims (D/8)g .. (D/8)g+D/8-1,
-//           i.e. one norm block, and rows 2c, 2c+1, 2c+8, 2c+9: the decoded fp16 pairs are
-//           transposed 2x2 with PRMT, scaled with one fp16 multiply: C[idx] * s rounded once,
-//           as the FP16 cache / the Triton kernel round it), B = P^T straight from the score
-//           accumulators (p split into fp16 hi + lo: two mmas), fp32 accumulation.
+//           rows 8-15 the lo part: one mma gives both), B = K^T decoded from the codes. Per
+//           32-dim sub-block (two k-steps) thread (g = lane/4, c = lane%4) decodes 8 dims of rows
+//           g and g+8 (kdim()): q8_0 / tq4: dims 8c..8c+7 (one 8-/4-byte word); tq3 / tq2: dims
+//           c + 4j (j = 0..7): the 2-bit plane's 8 bytes gathered into even/odd bytes with PRMT,
+//           code 8k + c's field then sits at bits 2c of byte k of the even word and code 8k + 4 + c's
+//           at bits 2c of byte k of the odd word, the high-bit
+//           plane's word rotated by c - 2 puts the high bits of codes c + 8k / c + 4 + 8k at
+//           bits 2 / 6 of byte k: one 32-bit selector of 8 PRMT nibble indices from 2 shifts,
+//           1 rotate and 3 LOP3 (was ~13 bit operations and 2 byte loads per 4 codes). The codes
+//           are UNSCALED (int8 / C[idx] are exact in fp16, C[idx] rounded once) and looked up
+//           with PRMT on fp16 byte tables; each block of G dims is accumulated separately and
+//           multiplied by its fp32 scale (so K is never rounded after scaling: q8_0 scores are
+//           exact products).
+//   output  O^T[D x 8 heads] += V^T P^T: A = V^T (thread g owns D/8 dims of one norm block and
+//           rows 2c, 2c+1, 2c+8, 2c+9), B = P^T straight from the score accumulators (p split
+//           into fp16 hi + lo: two mmas), fp32 accumulation. The values are C[idx] * s rounded
+//           once in fp16 (one HMUL2 per pair, as the FP16 cache / the Triton kernel round them).
+//           q8_0 / tq4: per row 4 consecutive dims, transposed 2x2 with PRMT; tq3 / tq2: the
+//           selector interleaves two ROWS (nibble 0 / 1 of each byte: dims 8k + r of rows
+//           2c / 2c+1), so the table lookups come out as {row a, row b} pairs of one dim, the
+//           A fragment directly (vdim()).
 // Online softmax in log2 units per warp; the warps of a CTA are merged through shared memory
 // (safe max/denominator merge), then: n_chunks = 1 -> o_rot = acc / l; split-K -> (m, l, acc)
 // partials for attn_decode_q._reduce_q_kernel (rows per CTA: _chunk_rows with BT = 16).
@@ -74,6 +89,13 @@ TF_DEV void cp_async(void* dst, const void* src, int nbytes_valid) {
 #endif
 }
 TF_DEV void cp_commit() { asm volatile("cp.async.commit_group;"); }
+TF_DEV u32 rotr(u32 x, u32 n) { return __funnelshift_r(x, x, n); }   // rotate right by n % 32
+TF_DEV u32 ld32(const u8* p) { return *(const u32*)p; }
+TF_DEV u32 ld16(const u8* p) { return *(const u16*)p; }
+TF_DEV void ld64(const u8* p, u32& a, u32& b) { uint2 v = *(const uint2*)p; a = v.x; b = v.y; }
+TF_DEV void ld128(const u8* p, u32* d) {
+    uint4 v = *(const uint4*)p; d[0] = v.x; d[1] = v.y; d[2] = v.z; d[3] = v.w;
+}
 template <int N> TF_DEV void cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
 #define TF_SMEM_DECL extern __shared__ __align__(16) u8 tf_smem[];
 #else
@@ -84,7 +106,8 @@ template <int N> TF_DEV void cp_wait() { asm volatile("cp.async.wait_group %0;" 
 #ifndef CPB
 #define CPB 16
 #endif
-#define TF_RB(B, G) ((HD / (G)) * ((G) * (B) / 8 + 2))
+#define TF_RB(B, G) ((HD / (G)) * ((G) * (B) / 8 + 2))       // bytes of one cached row
+#define TF_RS(B, G) ((TF_RB(B, G) + 15) / 16 * 16)            // its stride in the ring
 
 struct CbTab { u32 l0, l1, h0, h1, l2, l3, h2, h3; };   // fp16 low / high bytes of C[0..15]
 
@@ -101,50 +124,92 @@ TF_DEV CbTab make_tab(const float* cb) {
     return t;
 }
 
-// fp16 values (unscaled: int8 or C[idx]) of elements e..e+3 (e % 4 == 0) of a byte row:
-// o0 = {e, e+1}, o1 = {e+2, e+3}.
-template <int BITS>
-TF_DEV void dec4(const u8* row, int e, const CbTab& T, u32& o0, u32& o1) {
-    if (BITS == 8) {           // int8 -> fp16 exactly: (x ^ 0x80) | 0x6400 = 1024 + x + 128
-        u32 w = *(const u32*)(row + e) ^ 0x80808080u;
-        o0 = hadd2(prmt(w, 0x64646464u, 0x4140u), 0xE480E480u);     // - 1152
-        o1 = hadd2(prmt(w, 0x64646464u, 0x4342u), 0xE480E480u);
-        return;
-    }
-    u32 lo, hi;
-    if (BITS == 4) {           // 4 nibbles = 4 indices; two 8-entry lookups, byte select by bit 3
-        u32 w = *(const u16*)(row + e / 2);
-        u32 j = w & 0x7777u;
-        u32 s2 = 0x3210u | ((w >> 1) & 0x4444u);
-        lo = prmt(prmt(T.l0, T.l1, j), prmt(T.l2, T.l3, j), s2);
-        hi = prmt(prmt(T.h0, T.h1, j), prmt(T.h2, T.h3, j), s2);
-    } else {                   // 2-bit fields -> nibbles (+ tq3's high bit at bit 2 of each)
-        u32 x = row[e / 4];
-        u32 sl = (x | (x << 4)) & 0x0F0Fu;
-        sl = (sl | (sl << 2)) & 0x3333u;
-        if (BITS == 3) {
-            u32 y = ((u32)row[HD / 4 + e / 8] >> (e & 4)) & 0xFu;
-            u32 t = (y | (y << 6)) & 0x0303u;
-            t = (t | (t << 3)) & 0x1111u;
-            sl |= t << 2;
-        }
-        lo = prmt(T.l0, T.l1, sl);
-        hi = prmt(T.h0, T.h1, sl);
-    }
+// ---- fp16 pairs from codes. Each returns two words: {v0, v1}, {v2, v3} of the 4 codes it gets.
+// q8_0: 4 int8 of a word -> fp16 exactly: (x ^ 0x80) | 0x6400 = 1024 + x + 128, then - 1152
+TF_DEV void dq8(u32 w, u32& o0, u32& o1) {
+    w ^= 0x80808080u;
+    o0 = hadd2(prmt(w, 0x64646464u, 0x4140u), 0xE480E480u);
+    o1 = hadd2(prmt(w, 0x64646464u, 0x4342u), 0xE480E480u);
+}
+// 4-bit: j = 4 nibble indices & 7, s = 0x3210 | bit 3 of each nibble at bit 2 (low 16 bits used):
+// two 8-entry lookups per byte plane, byte select by bit 3
+TF_DEV void dq4(const CbTab& T, u32 j, u32 s, u32& o0, u32& o1) {
+    const u32 lo = prmt(prmt(T.l0, T.l1, j), prmt(T.l2, T.l3, j), s);
+    const u32 hi = prmt(prmt(T.h0, T.h1, j), prmt(T.h2, T.h3, j), s);
+    o0 = prmt(lo, hi, 0x5140u);
+    o1 = prmt(lo, hi, 0x7362u);
+}
+// 3-/2-bit: 4 selector nibbles (low 16 bits) = 8-entry indices (bit 3 always 0)
+TF_DEV void dq3(const CbTab& T, u32 sel, u32& o0, u32& o1) {
+    const u32 lo = prmt(T.l0, T.l1, sel), hi = prmt(T.h0, T.h1, sel);
     o0 = prmt(lo, hi, 0x5140u);
     o1 = prmt(lo, hi, 0x7362u);
 }
 
-TF_DEV float ld_scale(const u8* row, int off) { return h2f(*(const u16*)(row + off)); }
+// ---- K side: dim of q / K for k-step 2*sb + h, B-fragment slot j (0,1: b0; 2,3: b1), lane c
+template <int BITS>
+TF_DEV int kdim(int sb, int h, int j, int c) {
+    return (BITS == 3 || BITS == 2) ? 32 * sb + 16 * h + c + 4 * j : 32 * sb + 8 * c + 4 * h + j;
+}
+// B fragments of one cached row for the two k-steps of 32-dim sub-block sb:
+// kb[0], kb[1] = (b0, b1) of k-step 2sb, kb[2], kb[3] = (b0, b1) of k-step 2sb + 1.
+template <int BITS>
+TF_DEV void deck(const u8* row, int sb, int c, const CbTab& T, u32* kb) {
+    if constexpr (BITS == 8) {             // dims 8c .. 8c+7 of the sub-block: one 8-byte word
+        u32 w0, w1;
+        ld64(row + 32 * sb + 8 * c, w0, w1);
+        dq8(w0, kb[0], kb[1]);
+        dq8(w1, kb[2], kb[3]);
+    } else if constexpr (BITS == 4) {      // dims 8c .. 8c+7: one word of 8 nibbles
+        const u32 w = ld32(row + 16 * sb + 4 * c);
+        const u32 J = w & 0x77777777u, S = ((w >> 1) & 0x44444444u) | 0x32103210u;
+        dq4(T, J, S, kb[0], kb[1]);
+        dq4(T, J >> 16, S >> 16, kb[2], kb[3]);
+    } else {                               // dims c + 4j: codes 8k + c (j = 2k) and 8k + 4 + c
+        u32 L0, L1;
+        ld64(row + 8 * sb, L0, L1);        // the sub-block's 2-bit plane: code i at bits 2i
+        const u32 E = prmt(L0, L1, 0x6420u), O = prmt(L0, L1, 0x7531u);   // bytes 2k / 2k+1
+        u32 sel = ((E >> (2 * c)) & 0x03030303u) | (rotr(O, 2 * c - 4) & 0x30303030u);
+        if (BITS == 3)                     // high bit of code i at bit i of the plane's word
+            sel |= rotr(ld32(row + HD / 4 + 4 * sb), c - 2) & 0x44444444u;
+        dq3(T, sel, kb[0], kb[1]);
+        dq3(T, sel >> 16, kb[2], kb[3]);
+    }
+}
+
+// ---- V side: output dim of m-tile i, row g (half 0) or g + 8 (half 1), for lane group g
+template <int BITS>
+TF_DEV int vdim(int i, int half, int g) {
+    constexpr int VPT = HD / 8;
+    if (BITS == 3 || BITS == 2) {          // block of 32 dims: (VPT g) / 32, r = r0 + i / 2
+        const int blk = (VPT * g) >> 5, r0 = ((VPT * g) & 31) >> 2;
+        return 32 * blk + 16 * (i & 1) + 8 * half + r0 + (i >> 1);
+    }
+    return VPT * g + 2 * i + half;
+}
+// 3-/2-bit V: selector of two rows a, b (nibbles 0 / 1 of byte k: dims 8k + r) from each row's
+// even/odd gathered 2-bit words (LA/LB: the one holding code r, field at bits 2(r % 4)) and
+// high-bit words (HA, HB)
+template <int BITS>
+TF_DEV u32 vsel(u32 LA, u32 LB, u32 HA, u32 HB, int r) {
+    const int q = 2 * (r & 3);
+    u32 s = ((LA >> q) & 0x03030303u) | (rotr(LB, q - 4) & 0x30303030u);
+    if (BITS == 3)
+        s |= (rotr(HA, r - 2) & 0x04040404u) | (rotr(HB, r - 6) & 0x40404040u);
+    return s;
+}
+
+TF_DEV float ld_scale(const u8* row, int off) { return h2f(ld16(row + off)); }
 
 TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const float* kcb,
                         const float* vcb, float* o, float* m_ws, float* l_ws, float* acc_ws,
                         const int* status, int Hkv, int GRP, int NCH, int NL, int CHUNK,
                         int MINR, float qk_scale, int split, u8* smem) {
     constexpr int RBK = TF_RB(KB, KG), RBV = TF_RB(VB, VG);
+    constexpr int RSK = TF_RS(KB, KG), RSV = TF_RS(VB, VG);
     constexpr int CBK = HD * KB / 8, CBV = HD * VB / 8;
     constexpr int KS = HD / 16;                 // k-steps of the score dot / m-tiles of O^T
-    constexpr int STAGE = 16 * (RBK + RBV);
+    constexpr int STAGE = 16 * (RSK + RSV);
     constexpr int VPT = HD / 8;                 // V dims per thread row group
     const int tid = tf_tid(), lane = tid & 31, w = tid >> 5, g = lane >> 2, c = lane & 3;
     const int chunk = tf_bx(), kvh = tf_by();
@@ -164,10 +229,11 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
     u32* qsm = (u32*)smem;                              // [KS][32 lanes][4] A fragments of q
     u8* ring = smem + KS * 32 * 16;
     for (int i = tid; i < KS * 32; i += NW * 32) {
-        int s = i >> 5, ln = i & 31, gg = ln >> 2, cc = ln & 3;
+        const int s = i >> 5, ln = i & 31, gg = ln >> 2, cc = ln & 3;
         float v[4];
         for (int j = 0; j < 4; j++)
-            v[j] = gg < GRP ? q_rot[(i64)(kvh * GRP + gg) * HD + 16 * s + 4 * cc + j] * qk_scale : 0.f;
+            v[j] = gg < GRP ? q_rot[(i64)(kvh * GRP + gg) * HD + kdim<KB>(s >> 1, s & 1, j, cc)]
+                                  * qk_scale : 0.f;
         u32 h01 = f2h2(v[0], v[1]), h23 = f2h2(v[2], v[3]);
         qsm[4 * i + 0] = h01;
         qsm[4 * i + 1] = f2h2(v[0] - h2f(h01 & 0xFFFFu), v[1] - h2f(h01 >> 16));
@@ -178,23 +244,37 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
     syncthreads();
 
     u8* wring = ring + w * NST * STAGE;
-    // issue the raw rows of this warp's tile `it` into ring slot it % NST (always commits)
+    // issue the raw rows of this warp's tile `it` into ring slot it % NST (always commits).
+    // Chunk i of the tile = (row i / NK, piece i % NK): the lane-only part of both addresses is
+    // loop-invariant; per chunk only a 64-bit add, a compare and the copy remain.
+    constexpr int NK = RBK / CPB, NV = RBV / CPB;
+    const i64 gsk = (i64)Hkv * RBK, gsv = (i64)Hkv * RBV;    // global row strides
     auto issue = [&](int it) {
         if (it < ntw) {
             const int t0 = start + (w + it * NW) * 16;
+            const int nval = end - t0;                        // rows of the tile that exist
             u8* dst = wring + (it % NST) * STAGE;
-            constexpr int NK = RBK / CPB, NV = RBV / CPB;
-            for (int i = lane; i < 16 * NK; i += 32) {
-                int r = i / NK, k = i - r * NK, t = t0 + r;
-                bool ok = t < end;
-                const u8* src = kc + ((i64)(ok ? t : start) * Hkv + kvh) * RBK + k * CPB;
-                cp_async(dst + r * RBK + k * CPB, src, ok ? CPB : 0);
+            const u8* kb = kc + ((i64)t0 * Hkv + kvh) * RBK;
+            const u8* vb = vc + ((i64)t0 * Hkv + kvh) * RBV;
+#pragma unroll
+            for (int j = 0; j < (16 * NK + 31) / 32; j++) {
+                const int i = lane + 32 * j;
+                if ((16 * NK) % 32 == 0 || i < 16 * NK) {
+                    const int r = i / NK, k = i - r * NK;
+                    const bool ok = r < nval;
+                    cp_async(dst + r * RSK + k * CPB, kb + (ok ? r * gsk + k * CPB : 0),
+                             ok ? CPB : 0);
+                }
             }
-            for (int i = lane; i < 16 * NV; i += 32) {
-                int r = i / NV, k = i - r * NV, t = t0 + r;
-                bool ok = t < end;
-                const u8* src = vc + ((i64)(ok ? t : start) * Hkv + kvh) * RBV + k * CPB;
-                cp_async(dst + 16 * RBK + r * RBV + k * CPB, src, ok ? CPB : 0);
+#pragma unroll
+            for (int j = 0; j < (16 * NV + 31) / 32; j++) {
+                const int i = lane + 32 * j;
+                if ((16 * NV) % 32 == 0 || i < 16 * NV) {
+                    const int r = i / NV, k = i - r * NV;
+                    const bool ok = r < nval;
+                    cp_async(dst + 16 * RSK + r * RSV + k * CPB, vb + (ok ? r * gsv + k * CPB : 0),
+                             ok ? CPB : 0);
+                }
             }
         }
         cp_commit();
@@ -211,31 +291,33 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
         syncwarp();
         issue(it + NST - 1);
         const u8* kst = wring + (it % NST) * STAGE;
-        const u8* vst = kst + 16 * RBK;
+        const u8* vst = kst + 16 * RSK;
         const int t0 = start + (w + it * NW) * 16;
         // ---- scores: per norm block, unscaled codes, then * fp32 scale
         float S[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-        const u8* kr0 = kst + g * RBK;           // B-fragment rows: g (n-tile 0), g + 8 (1)
-        const u8* kr1 = kst + (g + 8) * RBK;
+        const u8* kr0 = kst + g * RSK;           // B-fragment rows: g (n-tile 0), g + 8 (1)
+        const u8* kr1 = kst + (g + 8) * RSK;
 #pragma unroll 1
         for (int b = 0; b < HD / KG; b++) {
             float t0a[4] = {0.f, 0.f, 0.f, 0.f}, t1a[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-            for (int h = 0; h < KG / 16; h++) {
-                const int s = b * (KG / 16) + h;
-                const u32* qa = qsm + 4 * (s * 32 + lane);
-                u32 a0 = qa[0], a1 = qa[1], a2 = qa[2], a3 = qa[3];
-                u32 k0, k1;
-                dec4<KB>(kr0, 16 * s + 4 * c, KT, k0, k1);
-                mma16816(t0a, a0, a1, a2, a3, k0, k1);
-                dec4<KB>(kr1, 16 * s + 4 * c, KT, k0, k1);
-                mma16816(t1a, a0, a1, a2, a3, k0, k1);
+            for (int u = 0; u < KG / 32; u++) {
+                const int sb = b * (KG / 32) + u;
+                u32 k0[4], k1[4], qa[4];
+                deck<KB>(kr0, sb, c, KT, k0);
+                deck<KB>(kr1, sb, c, KT, k1);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    ld128((const u8*)(qsm + 4 * ((2 * sb + h) * 32 + lane)), qa);
+                    mma16816(t0a, qa[0], qa[1], qa[2], qa[3], k0[2 * h], k0[2 * h + 1]);
+                    mma16816(t1a, qa[0], qa[1], qa[2], qa[3], k1[2 * h], k1[2 * h + 1]);
+                }
             }
             const int so = CBK + 2 * b;
-            S[0][0] += ld_scale(kst + tv0 * RBK, so) * (t0a[0] + t0a[2]);
-            S[0][1] += ld_scale(kst + tv1 * RBK, so) * (t0a[1] + t0a[3]);
-            S[1][0] += ld_scale(kst + tv2 * RBK, so) * (t1a[0] + t1a[2]);
-            S[1][1] += ld_scale(kst + tv3 * RBK, so) * (t1a[1] + t1a[3]);
+            S[0][0] += ld_scale(kst + tv0 * RSK, so) * (t0a[0] + t0a[2]);
+            S[0][1] += ld_scale(kst + tv1 * RSK, so) * (t0a[1] + t0a[3]);
+            S[1][0] += ld_scale(kst + tv2 * RSK, so) * (t1a[0] + t1a[2]);
+            S[1][1] += ld_scale(kst + tv3 * RSK, so) * (t1a[1] + t1a[3]);
         }
         float sc[4] = {S[0][0], S[0][1], S[1][0], S[1][1]};
         const int tt[4] = {tv0, tv1, tv2, tv3};
@@ -261,33 +343,88 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
         const u32 ph0 = f2h2(p[0], p[1]), ph1 = f2h2(p[2], p[3]);
         const u32 pl0 = f2h2(p[0] - h2f(ph0 & 0xFFFFu), p[1] - h2f(ph0 >> 16));
         const u32 pl1 = f2h2(p[2] - h2f(ph1 & 0xFFFFu), p[3] - h2f(ph1 >> 16));
-        // ---- O^T += V^T P^T: thread row group g owns dims VPT*g .. VPT*g + VPT - 1
+        // ---- O^T += V^T P^T: thread row group g owns VPT dims of one norm block (vdim)
         const int vso = CBV + 2 * ((VPT * g) / VG);
-        const u8* vr0 = vst + tv0 * RBV;
-        const u8* vr1 = vst + tv1 * RBV;
-        const u8* vr2 = vst + tv2 * RBV;
-        const u8* vr3 = vst + tv3 * RBV;
-        const u32 s0 = prmt(*(const u16*)(vr0 + vso), 0u, 0x1010u);
-        const u32 s1 = prmt(*(const u16*)(vr1 + vso), 0u, 0x1010u);
-        const u32 s2 = prmt(*(const u16*)(vr2 + vso), 0u, 0x1010u);
-        const u32 s3 = prmt(*(const u16*)(vr3 + vso), 0u, 0x1010u);
+        const u8* vr0 = vst + tv0 * RSV;
+        const u8* vr1 = vst + tv1 * RSV;
+        const u8* vr2 = vst + tv2 * RSV;
+        const u8* vr3 = vst + tv3 * RSV;
+        if constexpr (VB == 3 || VB == 2) {
+            // rows (tv0, tv1) and (tv2, tv3) interleaved in one selector: {row a, row b} pairs
+            const int blk = (VPT * g) >> 5, r0 = ((VPT * g) & 31) >> 2;
+            const u32 s01 = prmt(ld16(vr0 + vso), ld16(vr1 + vso), 0x5410u);
+            const u32 s23 = prmt(ld16(vr2 + vso), ld16(vr3 + vso), 0x5410u);
+            u32 L[4][2], H[4] = {0u, 0u, 0u, 0u};
+            const u8* vr[4] = {vr0, vr1, vr2, vr3};
 #pragma unroll
-        for (int k = 0; k < VPT / 4; k++) {
-            const int e = VPT * g + 4 * k;
-            u32 x0[2], x1[2], x2[2], x3[2];
-            dec4<VB>(vr0, e, VT, x0[0], x0[1]);
-            dec4<VB>(vr1, e, VT, x1[0], x1[1]);
-            dec4<VB>(vr2, e, VT, x2[0], x2[1]);
-            dec4<VB>(vr3, e, VT, x3[0], x3[1]);
+            for (int t = 0; t < 4; t++) {
+                u32 a, bb;
+                ld64(vr[t] + 8 * blk, a, bb);
+                L[t][0] = prmt(a, bb, 0x6420u);          // codes 8k + 0..3
+                L[t][1] = prmt(a, bb, 0x7531u);          // codes 8k + 4..7
+                if (VB == 3) H[t] = ld32(vr[t] + HD / 4 + 4 * blk);
+            }
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const u32 y0 = hmul2(x0[hh], s0), y1 = hmul2(x1[hh], s1);
-                const u32 y2 = hmul2(x2[hh], s2), y3 = hmul2(x3[hh], s3);
-                const u32 a0 = prmt(y0, y1, 0x5410u), a1 = prmt(y0, y1, 0x7632u);
-                const u32 a2 = prmt(y2, y3, 0x5410u), a3 = prmt(y2, y3, 0x7632u);
-                float* ac = acc[2 * k + hh];
-                mma16816(ac, a0, a1, a2, a3, ph0, ph1);
-                mma16816(ac, a0, a1, a2, a3, pl0, pl1);
+            for (int ri = 0; ri < VPT / 4; ri++) {
+                const int r = r0 + ri;
+                const bool e = (VPT == 32) ? (ri >> 2) != 0 : r0 != 0;   // even / odd word
+                const u32 sA = vsel<VB>(e ? L[0][1] : L[0][0], e ? L[1][1] : L[1][0], H[0], H[1], r);
+                const u32 sB = vsel<VB>(e ? L[2][1] : L[2][0], e ? L[3][1] : L[3][0], H[2], H[3], r);
+                u32 x[4], y[4];
+                dq3(VT, sA, x[0], x[1]);
+                dq3(VT, sA >> 16, x[2], x[3]);
+                dq3(VT, sB, y[0], y[1]);
+                dq3(VT, sB >> 16, y[2], y[3]);
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const u32 a0 = hmul2(x[2 * hh], s01), a1 = hmul2(x[2 * hh + 1], s01);
+                    const u32 a2 = hmul2(y[2 * hh], s23), a3 = hmul2(y[2 * hh + 1], s23);
+                    float* ac = acc[2 * ri + hh];
+                    mma16816(ac, a0, a1, a2, a3, ph0, ph1);
+                    mma16816(ac, a0, a1, a2, a3, pl0, pl1);
+                }
+            }
+        } else {
+            const u32 s0 = prmt(ld16(vr0 + vso), 0u, 0x1010u);
+            const u32 s1 = prmt(ld16(vr1 + vso), 0u, 0x1010u);
+            const u32 s2 = prmt(ld16(vr2 + vso), 0u, 0x1010u);
+            const u32 s3 = prmt(ld16(vr3 + vso), 0u, 0x1010u);
+            u32 W[4][VB == 4 ? VPT / 8 : 1];
+            if constexpr (VB == 4) {                               // the thread's VPT nibbles of each row
+                const u8* vr[4] = {vr0, vr1, vr2, vr3};
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    if (VPT == 32) ld128(vr[t] + 16 * g, W[t]);
+                    else ld64(vr[t] + 8 * g, W[t][0], W[t][VPT / 8 - 1]);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < VPT / 4; k++) {
+                const int e = VPT * g + 4 * k;
+                u32 x0[2], x1[2], x2[2], x3[2];
+                if constexpr (VB == 8) {
+                    dq8(ld32(vr0 + e), x0[0], x0[1]);
+                    dq8(ld32(vr1 + e), x1[0], x1[1]);
+                    dq8(ld32(vr2 + e), x2[0], x2[1]);
+                    dq8(ld32(vr3 + e), x3[0], x3[1]);
+                } else {
+                    u32* xs[4] = {x0, x1, x2, x3};
+#pragma unroll
+                    for (int t = 0; t < 4; t++) {
+                        const u32 wd = W[t][(k >> 1) % (VB == 4 ? VPT / 8 : 1)] >> (16 * (k & 1));
+                        dq4(VT, wd & 0x7777u, ((wd >> 1) & 0x4444u) | 0x3210u, xs[t][0], xs[t][1]);
+                    }
+                }
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const u32 y0 = hmul2(x0[hh], s0), y1 = hmul2(x1[hh], s1);
+                    const u32 y2 = hmul2(x2[hh], s2), y3 = hmul2(x3[hh], s3);
+                    const u32 a0 = prmt(y0, y1, 0x5410u), a1 = prmt(y0, y1, 0x7632u);
+                    const u32 a2 = prmt(y2, y3, 0x5410u), a3 = prmt(y2, y3, 0x7632u);
+                    float* ac = acc[2 * k + hh];
+                    mma16816(ac, a0, a1, a2, a3, ph0, ph1);
+                    mma16816(ac, a0, a1, a2, a3, pl0, pl1);
+                }
             }
         }
     }
@@ -301,9 +438,9 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
     l_run += shfl_xor(l_run, 2);
     if (c == 0) { cm[w * 8 + g] = m_run; cl[w * 8 + g] = l_run; }
     for (int i = 0; i < KS; i++) {
-        const int d0 = VPT * g + 2 * i;
+        const int d0 = vdim<VB>(i, 0, g), d1 = vdim<VB>(i, 1, g);
         float* a = ca + (i64)(w * 8 + 2 * c) * HD;
-        a[d0] = acc[i][0]; a[HD + d0] = acc[i][1]; a[d0 + 1] = acc[i][2]; a[HD + d0 + 1] = acc[i][3];
+        a[d0] = acc[i][0]; a[HD + d0] = acc[i][1]; a[d1] = acc[i][2]; a[HD + d1] = acc[i][3];
     }
     syncthreads();
     if (end > start) {
@@ -333,7 +470,11 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
 }
 
 #ifndef TF_HOST
+#ifdef MINB
+extern "C" __global__ void __launch_bounds__(NW * 32, MINB)
+#else
 extern "C" __global__ void __launch_bounds__(NW * 32)
+#endif
 attn_q_kernel(const float* __restrict__ q_rot, const u8* __restrict__ kc,
               const u8* __restrict__ vc, const float* __restrict__ kcb,
               const float* __restrict__ vcb, float* o, float* m_ws, float* l_ws, float* acc_ws,
@@ -346,7 +487,7 @@ attn_q_kernel(const float* __restrict__ q_rot, const u8* __restrict__ kc,
 #endif
 
 // shared memory bytes of one CTA (host side mirrors it in attn_decode_q_cuda.smem_bytes)
-#define TF_SMEM_BYTES (HD * 32 + ((NW * NST * 16 * (TF_RB(KB, KG) + TF_RB(VB, VG))) > \
-    (NW * (64 + 32 * HD)) ? (NW * NST * 16 * (TF_RB(KB, KG) + TF_RB(VB, VG))) : (NW * (64 + 32 * HD))))
+#define TF_SMEM_BYTES (HD * 32 + ((NW * NST * 16 * (TF_RS(KB, KG) + TF_RS(VB, VG))) > \
+    (NW * (64 + 32 * HD)) ? (NW * NST * 16 * (TF_RS(KB, KG) + TF_RS(VB, VG))) : (NW * (64 + 32 * HD))))
 
 #endif  // TF_ATTN_Q_CUH

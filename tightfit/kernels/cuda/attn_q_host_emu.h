@@ -135,4 +135,9 @@ TF_DEV void cp_async(void* dst, const void* src, int nbytes_valid) {
     if (nbytes_valid) std::memcpy(dst, src, nbytes_valid);
 }
 TF_DEV void cp_commit() {}
+TF_DEV u32 rotr(u32 x, u32 n) { n &= 31; return n ? (x >> n) | (x << (32 - n)) : x; }
+TF_DEV u32 ld32(const u8* p) { u32 v; std::memcpy(&v, p, 4); return v; }
+TF_DEV u32 ld16(const u8* p) { u16 v; std::memcpy(&v, p, 2); return v; }
+TF_DEV void ld64(const u8* p, u32& a, u32& b) { a = ld32(p); b = ld32(p + 4); }
+TF_DEV void ld128(const u8* p, u32* d) { for (int i = 0; i < 4; i++) d[i] = ld32(p + 4 * i); }
 template <int N> TF_DEV void cp_wait() {}

@@ -48,8 +48,9 @@ TF_DEV int tf_dp4a(int a, int b, int c) {
 #endif
 }
 
-// CUDA __byte_perm(a, b, s): result byte k = byte (s >> 4k) & 7 of the 8-byte value {b:a}
-// (default mode only: bit 3 of a selector nibble replicates the selected byte's sign bit).
+// CUDA __byte_perm(a, b, s): result byte k = byte (s >> 4k) & 7 of the 8-byte value {b:a}.
+// Keep bit 3 of every selector nibble clear: the device __byte_perm ignores it, the host emulation
+// below treats it as PTX's sign-replicate flag (tf_prmt is the primitive that has that mode).
 TF_DEV uint32_t tf_byte_perm(uint32_t a, uint32_t b, uint32_t s) {
 #if TF_DEVICE
   return __byte_perm(a, b, s);
@@ -63,6 +64,38 @@ TF_DEV uint32_t tf_byte_perm(uint32_t a, uint32_t b, uint32_t s) {
     r |= byte << (8 * k);
   }
   return r;
+#endif
+}
+
+// PTX prmt.b32, default mode: result byte k = byte (s >> 4k) & 7 of {b:a}; when bit 3 of selector
+// nibble k is set, the sign bit of that byte replicated instead (0x00 or 0xFF). Only s[15:0] is
+// read. Unlike tf_byte_perm (CUDA's __byte_perm ignores bit 3, so the compiler masks the selector
+// with an extra LOP3), the raw selector register goes straight into the SASS PRMT.
+TF_DEV uint32_t tf_prmt(uint32_t a, uint32_t b, uint32_t s) {
+#if TF_DEVICE
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+  return r;
+#else
+  uint64_t v = ((uint64_t)b << 32) | a;
+  uint32_t r = 0;
+  for (int k = 0; k < 4; ++k) {
+    uint32_t sel = (s >> (4 * k)) & 15;
+    uint32_t byte = (uint32_t)(v >> (8 * (sel & 7))) & 0xFF;
+    if (sel & 8) byte = (byte & 0x80) ? 0xFF : 0x00;
+    r |= byte << (8 * k);
+  }
+  return r;
+#endif
+}
+
+// w >> 16 as the high word of w * 2^16: IMAD.HI runs on the FMA pipe, a shift (SHF) on the integer
+// ALU pipe, which the nibble-decoding formats saturate (PRMT / LOP3 are ALU-only).
+TF_DEV uint32_t tf_hi16(uint32_t w) {
+#if TF_DEVICE
+  return __umulhi(w, 0x10000u);
+#else
+  return w >> 16;
 #endif
 }
 

@@ -215,6 +215,82 @@ struct F_TQ1_0 {
   }
 };
 
+// ---------------------------------------------------------------- IQ helpers
+// The IQ formats are gather-bound: every 8 (IQ2) or 4 (IQ3) weights read a table entry at a
+// per-lane random index, and L1 serves such a gather one 128-byte line at a time. So the grids
+// are 16-bit code words (tables.py: at most 2 KiB per grid instead of 8 KiB) turned into weight
+// bytes with byte_perm (PRMT) lookups, and the signs are computed from their bits instead of read
+// from a mask table. Integer results are identical to the grid * sign products.
+
+TF_DEV uint32_t tf_lb_popc(uint32_t v) {
+#if TF_DEVICE
+  return (uint32_t)__popc(v);
+#else
+  return (uint32_t)__builtin_popcount(v);
+#endif
+}
+
+// 2-byte aligned 8 bytes -> a[0], a[1] (little-endian). Device: 3 aligned 32-bit loads + 2 funnel
+// shifts, the pointer derived from p by pointer arithmetic (an integer round trip, as in
+// tf_ld_words<2>, turns the loads into generic LD instead of LDG.CONSTANT). The only bytes read
+// outside [p, p+8) are the 2 completing the aligned word of the last byte.
+TF_DEV void tf_lb_ld8_a2(const uint8_t* __restrict__ p, uint32_t (&a)[2]) {
+#if TF_DEVICE
+  const uint32_t mis = (uint32_t)(uint64_t)p & 2u;
+  const uint32_t* w = (const uint32_t*)(p - mis);
+  const uint32_t t0 = w[0], t1 = w[1], t2 = mis ? w[2] : 0u;
+  a[0] = __funnelshift_r(t0, t1, 8u * mis);
+  a[1] = __funnelshift_r(t1, t2, 8u * mis);
+#else
+  memcpy(a, p, 8);
+#endif
+}
+
+// ---- IQ2 (grids of 3 magnitudes): one PRMT per 4 weights, sign included.
+// Selector nibble j = code_j | sign_j << 2 picks byte code_j of TF_IQ2_LUT_P (magnitude) or of
+// TF_IQ2_LUT_N (its negative). tf_iq2*_g16 holds code j (j < 4) at bits 4j and code j+4 at 4j+2,
+// so e | e << 14 moves codes 4..7 to nibbles 4..7.
+
+// Explicit sign byte (bit j = element j; bits above 7 ignored) -> sign j at bit 4j+2, junk at
+// other bits (callers keep & 0x44444444). Even and odd bits are spread by separate multiplies so
+// that overlapping partial products only ever carry into bits that are not read:
+//   (s & 0x55) * 0x00104104: s_2i at bit 8i+2;  (s & 0xAA) * 0x00820820: s_2i+1 at bit 8i+6.
+TF_DEV uint32_t tf_lb_sgn_nib(uint32_t s) {
+  const uint32_t ev = (s & 0x55u) * 0x00104104u, od = (s & 0xAAu) * 0x00820820u;
+  return (ev & 0x0F0F0F0Fu) | (od & 0xF0F0F0F0u);
+}
+
+// 7-bit ksigns index k = (w >> sh) & 0x7F (IQ2_XXS, IQ2_XS): signs 0..6 are its bits, sign 7
+// its parity (popc is shift-invariant, so it counts the field in place). The parity lands at bit
+// 30 (element 7); popc's bit 1 lands at bit 31, which the caller's mask drops.
+TF_DEV uint32_t tf_lb_ksgn_nib(uint32_t w, int sh) {
+  const uint32_t k = w >> sh;
+  const uint32_t ev = (k & 0x55u) * 0x00104104u;
+  const uint32_t od = (k & 0x2Au) * 0x00820820u + (tf_lb_popc(w & (0x7Fu << sh)) << 30);
+  return (ev & 0x0F0F0F0Fu) | (od & 0xF0F0F0F0u);
+}
+
+// 8 weights from a code word e and sign bits sn (tf_lb_sgn_nib / tf_lb_ksgn_nib).
+TF_DEV void tf_lb_iq2_w8(uint32_t e, uint32_t sn, uint32_t& w0, uint32_t& w1) {
+  const uint32_t sel = (sn & 0x44444444u) | ((e | (e << 14)) & 0x33333333u);
+  w0 = tf_byte_perm(TF_IQ2_LUT_P, TF_IQ2_LUT_N, sel);
+  w1 = tf_byte_perm(TF_IQ2_LUT_P, TF_IQ2_LUT_N, sel >> 16);
+}
+
+// ---- IQ3 (grids of 8 magnitudes): the code nibble is a full PRMT selector, so magnitudes and
+// negatives are two lookups and the sign mask picks bytes between them.
+// 4 sign bits -> 0x00/0xFF byte mask: (s & 0x0F) * 0x10204080 puts s_j at bit 8j+7 (the four
+// partial products do not overlap) and selector nibble 8+j replicates bit 7 of byte j.
+// (s & 0xF0) * 0x01020408 does the same for bits 4..7.
+TF_DEV uint32_t tf_lb_mask_lo(uint32_t s) { return tf_byte_perm((s & 0x0Fu) * 0x10204080u, 0u, 0xBA98u); }
+TF_DEV uint32_t tf_lb_mask_hi(uint32_t s) { return tf_byte_perm((s & 0xF0u) * 0x01020408u, 0u, 0xBA98u); }
+
+template <uint32_t P0, uint32_t P1, uint32_t N0, uint32_t N1>
+TF_DEV uint32_t tf_lb_iq3_w4(uint32_t e, uint32_t m) {
+  const uint32_t p = tf_byte_perm(P0, P1, e), n = tf_byte_perm(N0, N1, e);
+  return (p & ~m) | (n & m);
+}
+
 // ---------------------------------------------------------------- IQ2_XXS (type 16)
 // d f16 @0, then per 32-group ib 8 bytes @2+8ib: u32 of four 8-bit grid indices, u32 of four
 // 7-bit sign indices (bits 7l..7l+6) and the scale s (bits 28..31).  w = d*(2s+1)/8*grid*sign.
@@ -226,15 +302,12 @@ struct F_IQ2_XXS {
                          float (&acc)[NC]) {
     (void)xs16;
     uint32_t a[2];
-    tf_ld_words<2, 2>(blk + 2 + 8 * part, a);
+    tf_lb_ld8_a2(blk + 2 + 8 * (uint32_t)part, a);
     uint32_t q[8];
 #pragma unroll
-    for (int l = 0; l < 4; ++l) {
-      const uint64_t g = tf_iq2xxs_grid[(a[0] >> (8 * l)) & 0xFFu];
-      const uint64_t m = (tf_sign_mask64 + 256)[(a[1] >> (7 * l)) & 0x7Fu];
-      q[2 * l] = tf_lb_sgn((uint32_t)g, (uint32_t)m);
-      q[2 * l + 1] = tf_lb_sgn((uint32_t)(g >> 32), (uint32_t)(m >> 32));
-    }
+    for (int l = 0; l < 4; ++l)
+      tf_lb_iq2_w8(tf_iq2xxs_g16[(a[0] >> (8 * l)) & 0xFFu], tf_lb_ksgn_nib(a[1], 7 * l),
+                   q[2 * l], q[2 * l + 1]);
     const float dl = tf_h2f((uint16_t)tf_ld_u16(blk)) * 0.125f * (float)(2 * (a[1] >> 28) + 1);
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
@@ -256,17 +329,14 @@ struct F_IQ2_XS {
                          float (&acc)[NC]) {
     (void)xs16;
     uint32_t a[2];
-    tf_ld_words<2, 2>(blk + 2 + 8 * part, a);
+    tf_lb_ld8_a2(blk + 2 + 8 * (uint32_t)part, a);
     uint32_t q[8];
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-      const uint32_t v = (a[l >> 1] >> (16 * (l & 1))) & 0xFFFFu;
-      const uint64_t g = tf_iq2xs_grid[v & 511u];
-      const uint64_t m = (tf_sign_mask64 + 256)[v >> 9];
-      q[2 * l] = tf_lb_sgn((uint32_t)g, (uint32_t)m);
-      q[2 * l + 1] = tf_lb_sgn((uint32_t)(g >> 32), (uint32_t)(m >> 32));
+      const uint32_t w = a[l >> 1], sh = 16 * (l & 1);
+      tf_lb_iq2_w8(tf_iq2xs_g16[(w >> sh) & 511u], tf_lb_ksgn_nib(w, sh + 9), q[2 * l], q[2 * l + 1]);
     }
-    const uint32_t sb = (tf_ld_u16(blk + 66 + (part & ~1)) >> (8 * (part & 1))) & 0xFFu;
+    const uint32_t sb = blk[66 + part];
     const int ls0 = 2 * (int)(sb & 15u) + 1, ls1 = 2 * (int)(sb >> 4) + 1;
     const float d8 = tf_h2f((uint16_t)tf_ld_u16(blk)) * 0.125f;
 #pragma unroll
@@ -288,19 +358,14 @@ struct F_IQ2_S {
                          const float* __restrict__ xd, const int* __restrict__ xs16, int K,
                          float (&acc)[NC]) {
     (void)xs16;
-    const uint32_t qs = tf_ld_u32_a2(blk + 2 + 4 * part);
-    const uint32_t sg = tf_ld_u32_a2(blk + 34 + 4 * part);
-    const uint32_t sh = (8 * (part & 1));
-    const uint32_t qh = tf_ld_u16(blk + 66 + (part & ~1)) >> sh;
-    const uint32_t sb = (tf_ld_u16(blk + 74 + (part & ~1)) >> sh) & 0xFFu;
+    const uint8_t* bp = blk + 4 * (uint32_t)part;
+    const uint32_t qs = tf_ld_u32_a2(bp + 2), sg = tf_ld_u32_a2(bp + 34);
+    const uint32_t qh = blk[66 + part], sb = blk[74 + part];
     uint32_t q[8];
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-      const uint32_t gi = ((qs >> (8 * l)) & 0xFFu) | (((qh >> (2 * l)) & 3u) << 8);
-      const uint64_t g = tf_iq2s_grid[gi];
-      const uint64_t m = tf_sign_mask64[(sg >> (8 * l)) & 0xFFu];
-      q[2 * l] = tf_lb_sgn((uint32_t)g, (uint32_t)m);
-      q[2 * l + 1] = tf_lb_sgn((uint32_t)(g >> 32), (uint32_t)(m >> 32));
+      const uint32_t gi = ((qs >> (8 * l)) & 0xFFu) | ((qh << (8 - 2 * l)) & 0x300u);
+      tf_lb_iq2_w8(tf_iq2s_g16[gi], tf_lb_sgn_nib(sg >> (8 * l)), q[2 * l], q[2 * l + 1]);
     }
     const int ls0 = 2 * (int)(sb & 15u) + 1, ls1 = 2 * (int)(sb >> 4) + 1;
     const float d8 = tf_h2f((uint16_t)tf_ld_u16(blk)) * 0.125f;
@@ -324,17 +389,21 @@ struct F_IQ3_XXS {
                          float (&acc)[NC]) {
     (void)xs16;
     uint32_t a[2];
-    tf_ld_words<2, 2>(blk + 2 + 8 * part, a);
-    const uint32_t aux = tf_ld_u32_a2(blk + 66 + 4 * part);
+    tf_lb_ld8_a2(blk + 2 + 8 * (uint32_t)part, a);
+    const uint32_t aux = tf_ld_u32_a2(blk + 66 + 4 * (uint32_t)part);
     uint32_t q[8];
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
       const uint32_t w = a[l >> 1] >> (16 * (l & 1));
-      const uint32_t g1 = tf_iq3xxs_grid[w & 0xFFu];
-      const uint32_t g2 = tf_iq3xxs_grid[(w >> 8) & 0xFFu];
-      const uint64_t m = (tf_sign_mask64 + 256)[(aux >> (7 * l)) & 0x7Fu];
-      q[2 * l] = tf_lb_sgn(g1, (uint32_t)m);
-      q[2 * l + 1] = tf_lb_sgn(g2, (uint32_t)(m >> 32));
+      const uint32_t k = aux >> (7 * l);
+      // sign 7 = parity of the 7 index bits: popc's bit 0 times 2^31 lands on bit 7 of byte 3
+      const uint32_t m0 = tf_lb_mask_lo(k);
+      const uint32_t m1 = tf_byte_perm((k & 0x70u) * 0x01020408u
+                                       + (tf_lb_popc(aux & (0x7Fu << (7 * l))) << 31), 0u, 0xBA98u);
+      q[2 * l] = tf_lb_iq3_w4<TF_IQ3XXS_LUT_P0, TF_IQ3XXS_LUT_P1, TF_IQ3XXS_LUT_N0, TF_IQ3XXS_LUT_N1>(
+          tf_iq3xxs_g16[w & 0xFFu], m0);
+      q[2 * l + 1] = tf_lb_iq3_w4<TF_IQ3XXS_LUT_P0, TF_IQ3XXS_LUT_P1, TF_IQ3XXS_LUT_N0, TF_IQ3XXS_LUT_N1>(
+          tf_iq3xxs_g16[(w >> 8) & 0xFFu], m1);
     }
     const float dl = tf_h2f((uint16_t)tf_ld_u16(blk)) * 0.25f * (float)(2 * (aux >> 28) + 1);
 #pragma unroll
@@ -357,19 +426,21 @@ struct F_IQ3_S {
                          float (&acc)[NC]) {
     (void)xs16;
     uint32_t a[2];
-    tf_ld_words<2, 2>(blk + 2 + 8 * part, a);
-    const uint32_t qh = tf_ld_u16(blk + 66 + (part & ~1)) >> (8 * (part & 1));
-    const uint32_t sg = tf_ld_u32_a2(blk + 74 + 4 * part);
-    const uint32_t sc = (tf_ld_u16(blk + 106 + 2 * (part >> 2)) >> (4 * (part & 3))) & 15u;
+    tf_lb_ld8_a2(blk + 2 + 8 * (uint32_t)part, a);
+    const uint32_t qh = blk[66 + part];
+    const uint32_t sg = tf_ld_u32_a2(blk + 74 + 4 * (uint32_t)part);
+    const uint32_t sc = ((uint32_t)blk[106 + (part >> 1)] >> (4 * (part & 1))) & 15u;
     uint32_t q[8];
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
       const uint32_t w = a[l >> 1] >> (16 * (l & 1));
-      const uint32_t g1 = tf_iq3s_grid[(w & 0xFFu) | (((qh >> (2 * l)) & 1u) << 8)];
-      const uint32_t g2 = tf_iq3s_grid[((w >> 8) & 0xFFu) | (((qh >> (2 * l + 1)) & 1u) << 8)];
-      const uint64_t m = tf_sign_mask64[(sg >> (8 * l)) & 0xFFu];
-      q[2 * l] = tf_lb_sgn(g1, (uint32_t)m);
-      q[2 * l + 1] = tf_lb_sgn(g2, (uint32_t)(m >> 32));
+      const uint32_t s = sg >> (8 * l);
+      const uint32_t i1 = (w & 0xFFu) | ((qh << (8 - 2 * l)) & 0x100u);
+      const uint32_t i2 = ((w >> 8) & 0xFFu) | ((qh << (7 - 2 * l)) & 0x100u);
+      q[2 * l] = tf_lb_iq3_w4<TF_IQ3S_LUT_P0, TF_IQ3S_LUT_P1, TF_IQ3S_LUT_N0, TF_IQ3S_LUT_N1>(
+          tf_iq3s_g16[i1], tf_lb_mask_lo(s));
+      q[2 * l + 1] = tf_lb_iq3_w4<TF_IQ3S_LUT_P0, TF_IQ3S_LUT_P1, TF_IQ3S_LUT_N0, TF_IQ3S_LUT_N1>(
+          tf_iq3s_g16[i2], tf_lb_mask_hi(s));
     }
     const float dl = tf_h2f((uint16_t)tf_ld_u16(blk)) * (float)(1 + 2 * (int)sc);
 #pragma unroll

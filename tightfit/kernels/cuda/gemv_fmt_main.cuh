@@ -181,6 +181,38 @@ TF_DEV void tf_iq4_word2(uint32_t w, uint32_t& lo, uint32_t& hi) {
   hi = tf_byte_perm(r0, r1, 0x7531);
 }
 
+// Single-column IQ4 dot of 32 codes (4 qs words, IQ4_NL byte order) with x (x0 = elements 0..15,
+// x1 = 16..31): sum_e kvalues[code_e] * x_e, exact. ~13 instructions per 8 weights, 7 of them on
+// the integer ALU pipe (tf_iq4_word2 + 2 dp4a: ~15, all but the dp4a on the ALU pipe).
+//  - tf_prmt's sign mode does the half select: a selector nibble with bit 3 set returns 0x00 for a
+//    table of non-negative bytes. Lookup A = |kvalues[0..7]| with the raw code (0 for codes >= 8),
+//    lookup B = kvalues[8..15] with code ^ 8 (0 for codes < 8); dot = dot(B, x) - dot(A, x).
+//    No select mask, no masking of the selector (only its low 16 bits are read).
+//  - Each lookup reads 4 nibbles of a word = elements (k, k+16, k+1, k+17) (low half) or
+//    (k+2, k+18, k+3, k+19) (high half): x is permuted to that order (2 PRMT per word) instead of
+//    re-interleaving the 4 lookups (4 PRMT per word).
+#define TF_IQ4_A0 0x4153687Fu   // |kvalues[0..7]| = 127 104 83 65 49 35 22 10
+#define TF_IQ4_A1 0x0A162331u
+TF_DEV int tf_iq4_dot1(const uint32_t (&w)[4], const uint32_t (&x0)[4], const uint32_t (&x1)[4],
+                       int K) {
+  // The tables are the PRMT's first source, which must be a register; ptxas re-creates a constant
+  // register (MOV from a uniform register) before almost every use, ~4 instructions per 8 weights.
+  // Made from K (> 0, so K >> 31 == 0), they are computed once per thread and stay in registers.
+  const uint32_t z = (uint32_t)(K >> 31);
+  const uint32_t a0 = TF_IQ4_A0 | z, b0 = TF_IQ4_T2 | z;
+  int sa = 0, sb = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t xl = tf_prmt(x0[i], x1[i], 0x5140u), xh = tf_prmt(x0[i], x1[i], 0x7362u);
+    const uint32_t wb = w[i] ^ 0x88888888u;
+    sa = tf_dp4a((int)tf_prmt(a0, TF_IQ4_A1, w[i]), (int)xl, sa);
+    sa = tf_dp4a((int)tf_prmt(a0, TF_IQ4_A1, tf_hi16(w[i])), (int)xh, sa);
+    sb = tf_dp4a((int)tf_prmt(b0, TF_IQ4_T3, wb), (int)xl, sb);
+    sb = tf_dp4a((int)tf_prmt(b0, TF_IQ4_T3, tf_hi16(wb)), (int)xh, sb);
+  }
+  return sb - sa;
+}
+
 // ------------------------------------------------------------------ IQ4_NL (type 20)
 // d f16 @0, qs[16] @2 (Q4_0 nibble order); w = d * kvalues[q].
 struct F_IQ4_NL {
@@ -270,6 +302,20 @@ struct F_IQ4_XS {
       for (int i = 0; i < 4; ++i) { s = tf_dp4a((int)lo[i], (int)x0[i], s); s = tf_dp4a((int)hi[i], (int)x1[i], s); }
       acc[c] += dl * xd[c * (K / 32) + part] * (float)s;
     }
+  }
+  // One column (the N = 1 kernels tf_gemv2 / tf_gemv2h; see tf_iq4_dot1 for the decode).
+  TF_DEV static void compute1(const Raw& r, int part, const int8_t* __restrict__ xq,
+                              const float* __restrict__ xd, const int* __restrict__ xs16, int K,
+                              float& acc) {
+    (void)xs16;
+    uint32_t x0[4], x1[4];
+    tf_ld_x16(xq + 32 * part, x0); tf_ld_x16(xq + 32 * part + 16, x1);
+    // d * x-scale first (independent of the dot); the 6-bit scale (ls - 32) multiplies the integer
+    // dot: |s| <= 32*127*127, |s * (ls - 32)| < 2^24, so the product and its float are exact.
+    const float dxd = tf_h2f((uint16_t)r.h[0]) * tf_ldf(xd + part);
+    const uint32_t l4 = (r.h[1] >> (4 * part)) & 15u, h2 = r.h[0] >> (12 + 2 * part);
+    const int ls = (int)(l4 | (h2 & 0x30u)) - 32;
+    acc += dxd * (float)(tf_iq4_dot1(r.w, x0, x1, K) * ls);
   }
   template <int NC>
   TF_DEV static void dot(const uint8_t* __restrict__ blk, int part, const int8_t* __restrict__ xq,

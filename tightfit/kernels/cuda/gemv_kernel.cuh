@@ -102,6 +102,20 @@ template <class F> struct tf_has_raw<F, decltype((void)sizeof(typename F::Raw))>
 template <class F> struct tf_two_phase { static constexpr bool value = false; };
 template <> struct tf_two_phase<F_IQ4_XS> { static constexpr bool value = tf_has_raw<F_IQ4_XS>::value; };
 template <> struct tf_two_phase<F_Q5_K> { static constexpr bool value = tf_has_raw<F_Q5_K>::value; };
+// tf_has_c1: the format has a single-column compute1(Raw, part, xq, xd, xs16, K, float& acc) with a
+// decode that pays off only at one column (IQ4_XS: two lookups + permuted x instead of select +
+// interleave). tf_gemv4 calls it at NC = 1 (tf_compute2); v3 keeps compute<1> (its decode is shared
+// by the columns and rows of a warp).
+template <class F, class = void> struct tf_has_c1 { static constexpr bool value = false; };
+template <class F>
+struct tf_has_c1<F, decltype((void)&F::compute1)> { static constexpr bool value = true; };
+template <class F, int NC>
+TF_DEV void tf_compute2(const typename F::Raw& r, int p, const int8_t* __restrict__ xq,
+                        const float* __restrict__ xd, const int* __restrict__ xs16, int K,
+                        float (&acc)[NC]) {
+  if constexpr (NC == 1 && tf_has_c1<F>::value) F::compute1(r, p, xq, xd, xs16, K, acc[0]);
+  else F::template compute<NC>(r, p, xq, xd, xs16, K, acc);
+}
 template <class F, int NC>
 struct tf_unroll2 {
   static constexpr int U = tf_two_phase<F>::value ? (NC <= 2 ? 4 : 2) : tf_unroll<F, NC>::U;
@@ -194,6 +208,101 @@ tf_gemv2h(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
           const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int wpr_log2) {
   __shared__ float red[TF_WARPS][NC];
   tf_gemv2_body<F, NC>(W, xq, xd, xs16, y, n_out, K, wpr_log2, red);
+}
+
+// ---------------------------------------------------------------- v4 (gemv_cuda kern "v4", NC = 1)
+// tf_gemv2h for the two-phase formats with two changes that cut instructions per item (N = 1 is
+// issue-bound, mostly on the integer ALU pipe):
+// (1) compute1 where the format has one (tf_compute2: IQ4_XS's sign-select lookup, see
+//     tf_iq4_dot1);
+// (2) constant offsets between a lane's U items: warp sub owns span = U*G consecutive blocks per
+//     step (G = 32/PARTS blocks per warp-wide item; lane -> block lane/PARTS, part lane%PARTS), so
+//     item u sits at a compile-time offset u*G blocks from the lane's pointers: the loads take
+//     [reg + imm] addresses and a step costs one pointer bump per array instead of ~3 address
+//     instructions per item and array. Each load instruction still reads G consecutive blocks
+//     across the warp (coalesced as in v2). The row's wpr warps take interleaved spans (stride
+//     span*wpr); blocks past the last full stride (< span*wpr) are split as in v2 (block
+//     base + sub*G + lane/PARTS + u*G*wpr, at most U per lane), loaded together, then computed.
+template <class F, int NC>
+__global__ void __launch_bounds__(TF_THREADS, 4)
+tf_gemv4(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
+         const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int wpr_log2) {
+  __shared__ float red[TF_WARPS][NC];
+  constexpr int U = tf_unroll2<F, NC>::U;
+  constexpr unsigned G = 32u / F::PARTS, SPAN = U * G;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wpr = 1 << wpr_log2;
+  const int sub = warp & (wpr - 1);
+  const int row = blockIdx.x * (TF_WARPS >> wpr_log2) + (warp >> wpr_log2);
+  const unsigned nb = (unsigned)K / F::QK;
+  float acc[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) acc[c] = 0.f;
+  if (row < n_out) {
+    const uint8_t* __restrict__ wr = W + (uint64_t)row * nb * F::BB;
+    const int p = lane % F::PARTS;
+    const unsigned lb = (unsigned)lane / F::PARTS;
+    const unsigned sstep = SPAN << wpr_log2;            // blocks per step of the row's warps
+    const unsigned nfull = nb / sstep;
+    unsigned b = (unsigned)sub * SPAN + lb;
+    const uint8_t* wp = wr + (uint64_t)b * F::BB;
+    const int8_t* xp = xq + (uint64_t)b * F::QK;
+    const float* dp = xd + b * (F::QK / 32);
+    const int* sp = xs16 + b * (F::QK / 16);
+    for (unsigned s = 0; s < nfull; ++s) {
+      typename F::Raw r[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) F::load(wp + u * G * F::BB, p, r[u]);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        tf_compute2<F, NC>(r[u], p, xp + u * G * F::QK, dp + u * G * (F::QK / 32),
+                           sp + u * G * (F::QK / 16), K, acc);
+      wp += (uint64_t)sstep * F::BB;
+      xp += (uint64_t)sstep * F::QK;
+      dp += sstep * (F::QK / 32);
+      sp += sstep * (F::QK / 16);
+    }
+    // remainder (< sstep blocks): at most U items per lane
+    const unsigned b0 = nfull * sstep + (unsigned)sub * G + lb, bs = G << wpr_log2;
+    if (b0 < nb) {
+      typename F::Raw r[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (b0 + u * bs < nb) F::load(wr + (uint64_t)(b0 + u * bs) * F::BB, p, r[u]);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const unsigned bu = b0 + u * bs;
+        if (bu < nb)
+          tf_compute2<F, NC>(r[u], p, xq + (uint64_t)bu * F::QK, xd + bu * (F::QK / 32),
+                             xs16 + bu * (F::QK / 16), K, acc);
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[c] += __shfl_xor_sync(0xFFFFFFFFu, acc[c], o);
+  }
+  if (wpr_log2 == 0) {
+    if (lane == 0 && row < n_out) {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) y[(uint64_t)c * n_out + row] = acc[c];
+    }
+    return;
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) red[warp][c] = acc[c];
+  }
+  __syncthreads();
+  if (sub == 0 && lane == 0 && row < n_out) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      float s = red[warp][c];
+      for (int j = 1; j < wpr; ++j) s += red[warp + j][c];
+      y[(uint64_t)c * n_out + row] = s;
+    }
+  }
 }
 
 // ---------------------------------------------------------------- v3 (gemv_cuda kern "v3", NC >= 2)

@@ -2,24 +2,31 @@
 before the format headers; see CONTRACT.md).
 
 Generated at run time from tightfit.quant.tables (whose IQ grids come from gguf-py); no table
-literal lives in the repository. Tables:
+literal lives in the repository. What the device code reads (tables_source()):
 
-- `tf_iq2xxs_grid[256]`, `tf_iq2xs_grid[512]`, `tf_iq2s_grid[1024]` (uint64): 8 grid magnitudes
-  per entry, byte j = element j (little-endian).
-- `tf_iq3xxs_grid[256]`, `tf_iq3s_grid[512]` (uint32): 4 magnitudes per entry.
-- `tf_sign_mask64[384]` (uint64): entries 0..255 expand an explicit sign byte (IQ2_S, IQ3_S) to
-  8 bytes of 0x00/0xFF (byte j = 0xFF when bit j is set); entries 256 + i do the same for the
-  7-bit sign index i of IQ2_XXS, IQ2_XS and IQ3_XXS (ksigns: i | parity(i) << 7).
+- `tf_iq2xxs_g16[256]`, `tf_iq2xs_g16[512]`, `tf_iq2s_g16[1024]` (uint16): one IQ2 grid entry
+  (8 magnitudes, each one of 3 values) as 8 two-bit codes: code of element j (j < 4) at bits
+  4j..4j+1, code of element j + 4 at bits 4j+2..4j+3 (so that `(e | e << 14) & 0x33333333`
+  puts code j in nibble j). `TF_IQ2_LUT_P` / `TF_IQ2_LUT_N`: the 3 magnitudes / their negatives
+  as bytes 0..2, for one byte_perm per 4 weights (selector nibble = code | sign << 2).
+- `tf_iq3xxs_g16[256]`, `tf_iq3s_g16[512]` (uint16): one IQ3 entry (4 magnitudes of 8 values)
+  as 4 three-bit codes, code j in nibble j (bit 3 clear: a byte_perm selector as it is).
+  `TF_IQ3XXS_LUT_P0/P1/N0/N1`, `TF_IQ3S_LUT_...`: the 8 magnitudes (bytes of P0 then P1) and
+  their negatives.
 
-Memory space. The tables are `TF_TABLE` (`__device__ const`, global memory, cached in L1). The
-grid and sign reads are gathers with a different index in every lane: `__constant__` memory
-would serialize them (one address per cycle), so it is the wrong space. Shared memory is likely
-better than L1 for these gathers: a warp's random 8-byte reads into a 2-8 KiB table touch many
-distinct 128-byte lines, which the L1 path serves one line (wavefront) at a time, while shared
-memory serves all 32 banks per cycle and only pays for bank conflicts (about 3-5 way for random
-8-byte indices). The contract forbids shared memory inside `dot`, so moving the tables there
-needs the kernel to stage them (one cooperative copy + __syncthreads at kernel start, ~2-17 KiB
-per CUDA block) and to pass a pointer; worth measuring on the H200 for the IQ formats.
+grid_words() / sign_mask64() (the gguf-order grids and the ksigns byte masks) stay as the
+reference the tests compare against; they are not emitted any more.
+
+Memory space, and why 16-bit codes. The tables are `TF_TABLE` (`__device__ const`): global
+memory read through the read-only path (SASS LDG.E.*.CONSTANT, L1-resident), not `__constant__`
+(which serializes a warp's distinct addresses). Every grid read is a gather with a different
+index in every lane; L1 serves a gather one 128-byte line (wavefront) at a time, so its cost is
+the number of distinct lines the warp touches, which grows with the table size: 32 random
+indices into 64 lines (the old 8 KiB IQ2_S grid) touch ~25 lines, into 16 lines (2 KiB) ~14,
+into 4 lines (512 B) ~4. The old sign-mask table (another gather per 8 weights) is gone: signs
+are built with multiplies and byte_perm (gemv_fmt_lowbit.cuh). Shared memory would serve the
+gathers with bank conflicts only (~4 wavefronts per random 32-lane gather) but needs the kernel
+to stage the tables (the contract forbids shared memory inside dot).
 """
 from __future__ import annotations
 
@@ -51,6 +58,42 @@ def grid_words(name: str) -> np.ndarray:
     return g8.view(np.uint64 if g8.shape[1] == 8 else np.uint32)[:, 0].copy()
 
 
+def _codes(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct magnitudes, per-element code = index into them) of the named grid."""
+    from tightfit.quant import tables
+    g = tables.grid(name)
+    vals = np.unique(g)
+    if not (np.all(vals >= 1) and np.all(vals <= 127) and np.all(vals == np.round(vals))):
+        raise ValueError(f"{name}: grid magnitudes must be integers in 1..127")
+    return vals.astype(np.int64), np.searchsorted(vals, g).astype(np.uint32)
+
+
+def grid16(name: str) -> np.ndarray:
+    """uint16 code word per grid entry (layout in the module docstring)."""
+    vals, c = _codes(name)
+    if c.shape[1] == 8:
+        if len(vals) != 3:
+            raise ValueError(f"{name}: IQ2 grids have 3 magnitudes, got {len(vals)}")
+        w = sum(c[:, j] << (4 * j) | c[:, j + 4] << (4 * j + 2) for j in range(4))
+    else:
+        if len(vals) != 8:
+            raise ValueError(f"{name}: IQ3 grids have 8 magnitudes, got {len(vals)}")
+        w = sum(c[:, j] << (4 * j) for j in range(4))
+    return np.asarray(w, np.uint16)
+
+
+def lut_words(name: str) -> list[int]:
+    """byte_perm source words: IQ2 [P, N] (3 magnitudes, then 0), IQ3 [P0, P1, N0, N1]."""
+    vals, _ = _codes(name)
+    v = list(vals) + [0] * (8 - len(vals)) if len(vals) == 3 else list(vals)
+    pos = [int(x) & 0xFF for x in v]
+    neg = [(-int(x)) & 0xFF for x in v]
+    word = lambda b: sum(x << (8 * i) for i, x in enumerate(b))  # noqa: E731
+    if len(vals) == 3:
+        return [word(pos[:4]), word(neg[:4])]
+    return [word(pos[:4]), word(pos[4:]), word(neg[:4]), word(neg[4:])]
+
+
 def _c_array(ctype: str, name: str, vals: np.ndarray, suffix: str, width: int) -> str:
     items = [f"0x{int(v):0{width}x}{suffix}" for v in vals]
     lines = [", ".join(items[i:i + 8]) for i in range(0, len(items), 8)]
@@ -59,14 +102,18 @@ def _c_array(ctype: str, name: str, vals: np.ndarray, suffix: str, width: int) -
 
 @lru_cache(maxsize=None)
 def tables_source() -> str:
-    """C source of every table of gemv_fmt_lowbit.cuh (names prefixed tf_)."""
+    """C source of every table of gemv_fmt_lowbit.cuh (names prefixed tf_ / TF_)."""
     out = ["// generated by tightfit/kernels/cuda/tables.py from tightfit.quant.tables\n"]
-    for name, n, group in GRIDS:
-        w = grid_words(name)
+    for name, n, _group in GRIDS:
+        w = grid16(name)
         assert w.shape == (n,), (name, w.shape)
-        if group == 8:
-            out.append(_c_array("uint64_t", f"tf_{name}_grid", w, "ULL", 16))
-        else:
-            out.append(_c_array("uint32_t", f"tf_{name}_grid", w, "u", 8))
-    out.append(_c_array("uint64_t", "tf_sign_mask64", sign_mask64(), "ULL", 16))
+        out.append(_c_array("uint16_t", f"tf_{name}_g16", w, "u", 4))
+    iq2 = lut_words("iq2s")
+    for name in ("iq2xxs", "iq2xs"):
+        assert lut_words(name) == iq2, name      # the three IQ2 grids share the magnitudes
+    out.append(f"#define TF_IQ2_LUT_P 0x{iq2[0]:08x}u\n#define TF_IQ2_LUT_N 0x{iq2[1]:08x}u\n")
+    for name, tag in (("iq3xxs", "IQ3XXS"), ("iq3s", "IQ3S")):
+        p0, p1, n0, n1 = lut_words(name)
+        out.append(f"#define TF_{tag}_LUT_P0 0x{p0:08x}u\n#define TF_{tag}_LUT_P1 0x{p1:08x}u\n"
+                   f"#define TF_{tag}_LUT_N0 0x{n0:08x}u\n#define TF_{tag}_LUT_N1 0x{n1:08x}u\n")
     return "".join(out)
