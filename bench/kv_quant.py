@@ -154,6 +154,11 @@ def bench_one(kv_type: str, T: int, dev, l2: int, bt: int, warps: int, stages: i
         step = lambda kc, vc: A.attn_decode(q, kc, vc, qg, out, status, ws, nch, chunk)  # noqa: E731
     else:
         ws = AQ.make_workspace(kv_type, H, D, max(T, AQ.SINGLE_PASS_MAX + 1), chunk, device=dev)
+        nl_env = int(os.environ.get("TIGHTFIT_ATTNQ_NL", "0") or 0)
+        if nch > 1 and nl_env > ws.m.shape[1]:   # --attnq nl=...: room for more partials
+            ws.m = torch.zeros(H, nl_env, device=dev)
+            ws.l = torch.zeros(H, nl_env, device=dev)
+            ws.acc = torch.zeros(H, nl_env, D, device=dev)
         step = lambda kc, vc: AQ.attn_decode_q(q, kc, vc, qg, out, status, ws, nch, chunk,  # noqa: E731
                                               BT=bt, num_warps=warps, num_stages=stages,
                                               backend=backend)
@@ -180,7 +185,10 @@ def bench_one(kv_type: str, T: int, dev, l2: int, bt: int, warps: int, stages: i
         times.append(e0.elapsed_time(e1) / S)
     t_ms = sorted(times)[len(times) // 2]
     w_ms = write_ms(kv_type, layers[0][0], layers[0][1], T, dev, gen)
+    from tightfit.kernels import attn_decode_q_cuda as C
+    cfg = dict(C.last_config) if kv_type != "f16" else {}
     return {"kv_type": kv_type, "T": T, "layers_in_graph": S, "cache_bytes": per,
+            "attnq": os.environ.get("TIGHTFIT_ATTNQ_CFG", ""), "cuda_cfg": cfg,
             "time_ms": t_ms, "GBps": per / (t_ms * 1e-3) / 1e9, "max_rel_err_vs_f64": err,
             "write_one_token_ms": w_ms, "n_chunks": nch, "chunk": chunk, "bt": bt,
             "warps": warps, "stages": stages, "backend": _backend_used(kv_type, backend, q, layers)}
@@ -212,6 +220,12 @@ def main() -> int:
                          "triton, cuda")
     ap.add_argument("--tag", default="", help="suffix of the jsonl name (several variants, one OUT)")
     ap.add_argument("--sass", action="store_true", help="offline SASS count + estimate, no GPU")
+    ap.add_argument("--attnq", default="",
+                    help="';'-separated CUDA-kernel configs to sweep for the quantized types, each "
+                         "'key=val,...' with keys nw (warps per CTA, TIGHTFIT_ATTNQ_NW), nst "
+                         "(ring stages, TIGHTFIT_ATTNQ_NST), nl (chunks launched, "
+                         "TIGHTFIT_ATTNQ_NL); '' = the launcher's own choice, e.g. "
+                         "--attnq ';nw=4;nl=132;nl=132,nw=8'")
     a = ap.parse_args()
     if a.sass:
         sass_table(a.types.split(","), [int(x) for x in a.ctx.split(",")], a.bt, a.warps,
@@ -225,30 +239,44 @@ def main() -> int:
     os.makedirs(a.out, exist_ok=True)
     rows = []
     with open(os.path.join(a.out, f"kv_quant{a.tag}.jsonl"), "w") as f:
+        keys = {"nw": "TIGHTFIT_ATTNQ_NW", "nst": "TIGHTFIT_ATTNQ_NST", "nl": "TIGHTFIT_ATTNQ_NL"}
+        cfgs = a.attnq.split(";") if a.attnq else [""]
         for T in [int(x) for x in a.ctx.split(",")]:
             for t in a.types.split(","):
-                try:
-                    r = bench_one(t, T, dev, l2, a.bt, a.warps, a.stages, a.chunk,
-                                  None if a.backend == "auto" else a.backend)
-                except Exception as e:          # keep the other rows
-                    r = {"kv_type": t, "T": T, "error": f"{type(e).__name__}: {e}"}
-                rows.append(r)
-                f.write(json.dumps(r) + "\n")
-                f.flush()
-                print(json.dumps(r), flush=True)
-                torch.cuda.empty_cache()
+                for cfg in (cfgs if t != "f16" else [""]):
+                    for v in list(keys.values()) + ["TIGHTFIT_ATTNQ_CFG"]:
+                        os.environ.pop(v, None)
+                    for kv in filter(None, cfg.split(",")):
+                        k, v = kv.split("=")
+                        os.environ[keys[k.strip()]] = v.strip()
+                    os.environ["TIGHTFIT_ATTNQ_CFG"] = cfg
+                    try:
+                        r = bench_one(t, T, dev, l2, a.bt, a.warps, a.stages, a.chunk,
+                                      None if a.backend == "auto" else a.backend)
+                    except Exception as e:          # keep the other rows
+                        r = {"kv_type": t, "T": T, "attnq": cfg,
+                             "error": f"{type(e).__name__}: {e}"}
+                    rows.append(r)
+                    f.write(json.dumps(r) + "\n")
+                    f.flush()
+                    print(json.dumps(r), flush=True)
+                    torch.cuda.empty_cache()
     print(f"\nbt={a.bt} warps={a.warps} stages={a.stages} chunk={a.chunk} backend={a.backend}")
-    print(f"{'type':>10} {'T':>7} {'MiB':>8} {'ms':>8} {'GB/s':>7} {'vs f16':>7} {'err':>8} {'write ms':>8}")
+    print(f"{'type':>10} {'T':>7} {'MiB':>8} {'ms':>8} {'GB/s':>7} {'vs f16':>7} {'err':>8} {'write ms':>8}"
+          f"  attnq / build (NW NST MINB regs smem grid)")
     base = {r["T"]: r["time_ms"] for r in rows if r.get("kv_type") == "f16" and "time_ms" in r}
     for r in rows:
         if "error" in r:
-            print(f"{r['kv_type']:>10} {r['T']:>7} {r['error']}")
+            print(f"{r['kv_type']:>10} {r['T']:>7} [{r.get('attnq', '')}] {r['error']}")
             continue
+        c = r.get("cuda_cfg") or {}
+        build = (f"[{r.get('attnq', '')}] NW={c.get('NW')} NST={c.get('NST')} MINB={c.get('MINB')} "
+                 f"regs={c.get('regs')} smem={c.get('smem')} grid={c.get('grid')}") if c else ""
         rel = r["time_ms"] / base[r["T"]] if r["T"] in base else float("nan")
         err = "" if r["max_rel_err_vs_f64"] is None else f"{r['max_rel_err_vs_f64']:.1e}"
         wr = "" if r["write_one_token_ms"] is None else f"{r['write_one_token_ms']:.4f}"
         print(f"{r['kv_type']:>10} {r['T']:>7} {r['cache_bytes'] / 2**20:>8.1f} {r['time_ms']:>8.4f} "
-              f"{r['GBps']:>7.0f} {rel:>7.2f} {err:>8} {wr:>8}")
+              f"{r['GBps']:>7.0f} {rel:>7.2f} {err:>8} {wr:>8}  {build}")
     return 0
 
 

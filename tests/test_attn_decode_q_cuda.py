@@ -38,8 +38,8 @@ CXX = shutil.which("g++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="needs g++")
 
 
-def _build(tmp_root, kf, vf, D):
-    d = C.defines(kf.bits, kf.group, vf.bits, vf.group, D)
+def _build(tmp_root, kf, vf, D, nw=C.NW):
+    d = C.defines(kf.bits, kf.group, vf.bits, vf.group, D, nw=nw)
     name = "aq_" + "_".join(f"{k}{v}" for k, v in d.items())
     exe = os.path.join(tmp_root, name)
     if not os.path.exists(exe):
@@ -122,6 +122,10 @@ CASES = [  # kv_type, H, Hkv, D, T, (n_chunks, chunk)
     ("q8_0+tq3", 6, 1, 256, 45, (3, 16)),
     ("tq3_128+tq4_128", 4, 1, 256, 37, (2, 16)),
     ("tq4+q8_0", 3, 1, 128, 70, (4, 16)),
+    # layout-aware unpack at head dim 128 (tq3 / tq4 V: half a norm block per lane group)
+    ("tq3", 8, 2, 128, 61, (3, 16)),
+    ("q8_0+tq4", 4, 1, 128, 50, (2, 16)),
+    ("tq4_128+tq3", 6, 1, 256, 40, (2, 16)),
 ]
 
 
@@ -133,6 +137,36 @@ def test_host_emulated_kernel(build_dir, tmp_path, kv_type, H, Hkv, D, T, split)
     q, kc, vc, qg, ref = _case(kv_type, H, Hkv, D, T, seed=T)
     _check(_run_host(exe, str(tmp_path / "a"), kv_type, q, kc, vc, qg, T, 1, 1 << 30), ref)
     _check(_run_host(exe, str(tmp_path / "b"), kv_type, q, kc, vc, qg, T, *split), ref)
+
+
+@pytest.mark.parametrize("kv_type,H,Hkv,D,T,split", [
+    ("tq3", 6, 1, 256, 150, (2, 16)),          # 8 warps: tiles 0..9 over warps, a partial tile
+    ("tq4", 12, 2, 128, 100, (3, 16)),
+])
+def test_host_emulated_kernel_8_warps(build_dir, tmp_path, kv_type, H, Hkv, D, T, split):
+    kf, vf = (get_format(n) for n in split_kv_type(kv_type))
+    exe = _build(build_dir, kf, vf, D, nw=8)
+    q, kc, vc, qg, ref = _case(kv_type, H, Hkv, D, T, seed=T + 1)
+    _check(_run_host(exe, str(tmp_path / "a"), kv_type, q, kc, vc, qg, T, 1, 1 << 30), ref)
+    _check(_run_host(exe, str(tmp_path / "b"), kv_type, q, kc, vc, qg, T, *split), ref)
+
+
+def test_launch_config():
+    """The builds the launcher picks on an H200 (132 SMs, 228 KiB per SM) at 32K context."""
+    f = get_format
+    for t in ("tq3", "tq4"):
+        c64 = C.config(f(t), f(t), 256, 4, 64)           # 256 CTAs: 8 warps each, 2 per SM
+        assert c64["NW"] == 8 and c64["ctas_per_sm"] == 2 and c64["MINB"] == 2
+        c132 = C.config(f(t), f(t), 256, 4, 132)         # 528 CTAs: 4 warps each, 4 per SM
+        assert c132["NW"] == 4 and c132["ctas_per_sm"] == 4 and c132["MINB"] == 4
+    q8 = C.config(f("q8_0"), f("q8_0"), 256, 4, 64)      # unchanged: 4 warps, 2 stages
+    assert q8["NW"] == 4 and q8["NST"] == 2 and "MINB" not in q8
+    for t in ("q8_0", "tq3", "tq4", "q8_0+tq3"):         # every pick fits one SM
+        kf, vf = (f(n) for n in split_kv_type(t))
+        for nl in (1, 16, 64, 132):
+            for arch in ("sm_90", "sm_80", "sm_86"):
+                c = C.config(kf, vf, 256, 4, nl, arch=arch)
+                assert c["smem"] + 1024 <= C.smem_sm_for(arch)
 
 
 def test_shape_gate():

@@ -331,12 +331,13 @@ def attn_decode_q(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace, n_
         split = n_chunks > 1
         NCH = ws.m.shape[1] if split else 1
         assert n_chunks <= NCH
+        nl = C.n_launch_for(n_chunks, NCH)       # TIGHTFIT_ATTNQ_NL may change the grid
         o = ws.o_rot
         C.attn(ws.q_rot, kcache, vcache, ws.kcb, ws.vcb, o, ws.m if split else o,
                ws.l if split else o, ws.acc if split else o, status, kf, vf, grp, NCH,
-               max(1, n_chunks), chunk if split else 1 << 30, MIN_CHUNK_ROWS, scale, split)
+               max(1, nl), chunk if split else 1 << 30, MIN_CHUNK_ROWS, scale, split)
         if split:
-            _reduce_q_kernel[(H,)](ws.o_rot, ws.m, ws.l, ws.acc, status, NCH, n_chunks, chunk,
+            _reduce_q_kernel[(H,)](ws.o_rot, ws.m, ws.l, ws.acc, status, NCH, nl, chunk,
                                    D=D, BT=C.TILE, MINR=MIN_CHUNK_ROWS, RC=16, num_warps=4)
     elif n_chunks <= 1:
         o = ws.o_rot

@@ -18,31 +18,103 @@ import functools
 import os
 
 CUDA_DIR = os.path.join(os.path.dirname(__file__), "cuda")
-NW = 4                       # warps per CTA
+NW = 4                       # default warps per CTA (8 when the grid is too small: choose())
 TILE = 16                    # rows per tile (= BT of the split-K row formula)
-SMEM_RING_MAX = 96 << 10     # per-CTA bytes of the cp.async ring (2 CTAs per SM fit)
+SMEM_SM = 228 << 10          # shared memory per SM (sm_90: 228 KiB; 1 KiB reserved per CTA)
+N_SM_DEFAULT = 132
+ENV_NW, ENV_NST, ENV_NL = "TIGHTFIT_ATTNQ_NW", "TIGHTFIT_ATTNQ_NST", "TIGHTFIT_ATTNQ_NL"
 
 
 def row_bytes(bits: int, group: int, D: int) -> int:
     return (D // group) * (group * bits // 8 + 2)
 
 
-def stages(kb: int, kg: int, vb: int, vg: int, D: int) -> int:
-    """cp.async ring depth per warp: as deep as fits SMEM_RING_MAX (2..4)."""
-    st = TILE * (row_bytes(kb, kg, D) + row_bytes(vb, vg, D))
-    return max(2, min(4, SMEM_RING_MAX // (NW * st)))
+def ring_stride(bits: int, group: int, D: int) -> int:
+    """Bytes of one row in the shared-memory ring (padded to 16: every row 16-B aligned)."""
+    return -(-row_bytes(bits, group, D) // 16) * 16
 
 
-def smem_bytes(kb: int, kg: int, vb: int, vg: int, D: int, nst: int) -> int:
-    ring = NW * nst * TILE * (row_bytes(kb, kg, D) + row_bytes(vb, vg, D))
-    return D * 32 + max(ring, NW * (64 + 32 * D))
+def smem_sm_for(arch: str) -> int:
+    """Shared memory per SM of an architecture (sm_90: 228 KiB, sm_80: 164 KiB, else 100)."""
+    return {"sm_90": 228 << 10, "sm_80": 164 << 10, "sm_87": 164 << 10}.get(arch, 100 << 10)
 
 
-def defines(kb: int, kg: int, vb: int, vg: int, D: int, aligned16: bool = True) -> dict:
-    """Macros of one build; CPB (bytes per cp.async) is 16 when every row is 16-B aligned."""
+def _target_ctas(nw: int) -> int:
+    """CTAs per SM the build aims at: 16 warps per SM (4 x 4 or 2 x 8 warps), which is what
+    128 registers per thread allow."""
+    return max(1, 16 // nw)
+
+
+def stages(kb: int, kg: int, vb: int, vg: int, D: int, nw: int = NW,
+           smem_sm: int = SMEM_SM) -> int:
+    """cp.async ring depth per warp: as deep as fits the target CTAs per SM (2..4)."""
+    env = os.environ.get(ENV_NST)
+    if env:
+        return max(2, min(4, int(env)))
+    st = TILE * (ring_stride(kb, kg, D) + ring_stride(vb, vg, D))
+    budget = min(smem_sm // _target_ctas(nw), 100 << 10) - 1024 - D * 32
+    return max(2, min(4, budget // (nw * st)))
+
+
+def smem_bytes(kb: int, kg: int, vb: int, vg: int, D: int, nst: int, nw: int = NW) -> int:
+    ring = nw * nst * TILE * (ring_stride(kb, kg, D) + ring_stride(vb, vg, D))
+    return D * 32 + max(ring, nw * (64 + 32 * D))
+
+
+def ctas_per_sm(kb: int, kg: int, vb: int, vg: int, D: int, nw: int = NW, regs: int = 128,
+                smem_sm: int = SMEM_SM) -> int:
+    """Resident CTAs per SM from shared memory (and registers: `regs` per thread)."""
+    sm = smem_bytes(kb, kg, vb, vg, D, stages(kb, kg, vb, vg, D, nw, smem_sm), nw)
+    by_regs = 65536 // (-(-regs // 8) * 8 * 32 * nw)
+    return max(0, min(smem_sm // (sm + 1024), by_regs, 2048 // (32 * nw), 32))
+
+
+def defines(kb: int, kg: int, vb: int, vg: int, D: int, aligned16: bool = True,
+            nw: int = NW, smem_sm: int = SMEM_SM) -> dict:
+    """Macros of one build; CPB (bytes per cp.async) is 16 when every row is 16-B aligned.
+    MINB (__launch_bounds__ min CTAs per SM, i.e. a register cap) is set when shared memory
+    allows 16+ warps per SM: then 128 registers per thread keep that occupancy."""
     rk, rv = row_bytes(kb, kg, D), row_bytes(vb, vg, D)
     cpb = 16 if (aligned16 and rk % 16 == 0 and rv % 16 == 0) else 4
-    return dict(HD=D, KB=kb, KG=kg, VB=vb, VG=vg, NW=NW, NST=stages(kb, kg, vb, vg, D), CPB=cpb)
+    nst = stages(kb, kg, vb, vg, D, nw, smem_sm)
+    d = dict(HD=D, KB=kb, KG=kg, VB=vb, VG=vg, NW=nw, NST=nst, CPB=cpb)
+    by_smem = smem_sm // (smem_bytes(kb, kg, vb, vg, D, nst, nw) + 1024)
+    minb = min(by_smem, _target_ctas(nw))
+    if minb * nw >= 12:
+        d["MINB"] = minb
+    return d
+
+
+def choose(kb: int, kg: int, vb: int, vg: int, D: int, n_ctas: int,
+           n_sm: int = N_SM_DEFAULT, smem_sm: int = SMEM_SM) -> int:
+    """Warps per CTA for a grid of n_ctas: the one that puts the most warps on the busiest SM
+    (latency hiding: the kernel is issue/latency bound, not bandwidth bound), ties -> 4.
+    With 4 warps: min(resident CTAs, ceil(n_ctas / SMs)) x 4, with 8 the same x 8. E.g. 32K
+    context, chunk 512, 4 KV heads = 256 CTAs on 132 SMs: 2 per SM -> 8 warps (NW=4) vs 16
+    (NW=8). TIGHTFIT_ATTNQ_NW=4|8 overrides."""
+    env = os.environ.get(ENV_NW)
+    if env:
+        return int(env)
+    return _choose(kb, kg, vb, vg, D, n_ctas, n_sm, smem_sm, os.environ.get(ENV_NST))
+
+
+@functools.lru_cache(maxsize=256)
+def _choose(kb, kg, vb, vg, D, n_ctas, n_sm, smem_sm, _nst_env) -> int:
+    # (a build whose shared memory does not fit an SM has 0 resident CTAs: never chosen)
+    best, best_w = NW, -1
+    for nw in (4, 8):
+        per_sm = min(ctas_per_sm(kb, kg, vb, vg, D, nw, 128, smem_sm), -(-n_ctas // n_sm))
+        if per_sm * nw > best_w:
+            best, best_w = nw, per_sm * nw
+    return best
+
+
+def n_launch_for(n_chunks: int, nch: int) -> int:
+    """Chunks launched: n_chunks, or TIGHTFIT_ATTNQ_NL (capped by the workspace's nch)."""
+    env = os.environ.get(ENV_NL)
+    if env and n_chunks > 1:
+        return max(2, min(nch, int(env)))
+    return n_chunks
 
 
 def shape_ok(kf, vf, H: int, Hkv: int, D: int) -> bool:
@@ -51,7 +123,7 @@ def shape_ok(kf, vf, H: int, Hkv: int, D: int) -> bool:
         return False
     for f in (kf, vf):
         if f.bits not in (8, 4, 3, 2) or f.row_bytes(D) % 4 or (D // 8) > f.group \
-                or f.group % 16:
+                or f.group % 32:
             return False
     return True
 
@@ -70,19 +142,33 @@ def available() -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel(kb: int, kg: int, vb: int, vg: int, D: int, arch: str, aligned16: bool):
+def _kernel(kb: int, kg: int, vb: int, vg: int, D: int, arch: str, aligned16: bool, nw: int,
+            nst_env: str | None):
     cp = _cupy()
     with open(os.path.join(CUDA_DIR, "attn_q.cuh")) as f:
         src = f.read()
-    defs = defines(kb, kg, vb, vg, D, aligned16)
+    defs = defines(kb, kg, vb, vg, D, aligned16, nw, smem_sm_for(arch))
     opts = tuple(f"-D{k}={v}" for k, v in defs.items()) + (
         "--std=c++17", f"--gpu-architecture={arch}")
     mod = cp.RawModule(code=src, options=opts, backend="nvrtc")
     k = mod.get_function("attn_q_kernel")
-    sm = smem_bytes(kb, kg, vb, vg, D, defs["NST"])
+    sm = smem_bytes(kb, kg, vb, vg, D, defs["NST"], nw)
     if sm > 48 << 10:
         k.max_dynamic_shared_size_bytes = sm
-    return k, sm
+    return k, sm, defs
+
+
+last_config: dict = {}       # the latest launch's build + grid (bench/kv_quant.py prints it)
+
+
+def config(kf, vf, D: int, Hkv: int, n_launch: int, n_sm: int = N_SM_DEFAULT,
+           arch: str = "sm_90") -> dict:
+    """The build + grid a launch would use (offline: bench/kv_quant.py --sass)."""
+    ss = smem_sm_for(arch)
+    nw = choose(kf.bits, kf.group, vf.bits, vf.group, D, n_launch * Hkv, n_sm, ss)
+    d = defines(kf.bits, kf.group, vf.bits, vf.group, D, True, nw, ss)
+    return dict(d, smem=smem_bytes(kf.bits, kf.group, vf.bits, vf.group, D, d["NST"], nw),
+                ctas_per_sm=ctas_per_sm(kf.bits, kf.group, vf.bits, vf.group, D, nw, 128, ss))
 
 
 def _arch(device) -> str:
@@ -106,19 +192,40 @@ def usable(q, kf, vf, Hkv: int) -> bool:
 def attn(q_rot, kcache, vcache, kcb, vcb, o, m, l, acc, status, kf, vf, grp: int, nch: int,
          n_launch: int, chunk: int, minr: int, qk_scale: float, split: bool) -> None:
     """One launch of attn_q_kernel over grid (n_launch chunks, Hkv): split-K partials into
-    (m, l, acc) [rows per CTA: attn_decode_q._chunk_rows with BT = 16] or o = softmax . V."""
+    (m, l, acc) [rows per CTA: attn_decode_q._chunk_rows with BT = 16] or o = softmax . V.
+    Warps per CTA from `choose` (grid vs resident CTAs), ring depth from `stages`."""
     import numpy as np
     import torch
     cp = _cupy()
     D = q_rot.shape[1]
     Hkv = kcache.shape[1]
     a16 = kcache.data_ptr() % 16 == 0 and vcache.data_ptr() % 16 == 0
-    k, sm = _kernel(kf.bits, kf.group, vf.bits, vf.group, D, _arch(q_rot.device), a16)
+    n_sm = _n_sm(q_rot.device)
+    arch = _arch(q_rot.device)
+    nw = choose(kf.bits, kf.group, vf.bits, vf.group, D, n_launch * Hkv, n_sm, smem_sm_for(arch))
+    k, sm, defs = _kernel(kf.bits, kf.group, vf.bits, vf.group, D, arch, a16, nw,
+                          os.environ.get(ENV_NST))
+    last_config.clear()
+    last_config.update(defs, n_launch=n_launch, grid=n_launch * Hkv, smem=sm,
+                       regs=_regs(k), sms=n_sm)
     p = lambda t: np.uint64(t.data_ptr())  # noqa: E731
     stream = cp.cuda.ExternalStream(torch.cuda.current_stream(q_rot.device).cuda_stream)
     with cp.cuda.Device(q_rot.device.index or 0), stream:
-        k((n_launch, Hkv, 1), (NW * 32, 1, 1),
+        k((n_launch, Hkv, 1), (nw * 32, 1, 1),
           (p(q_rot), p(kcache), p(vcache), p(kcb), p(vcb), p(o), p(m), p(l), p(acc), p(status),
            np.int32(Hkv), np.int32(grp), np.int32(nch), np.int32(chunk), np.int32(minr),
            np.float32(qk_scale), np.int32(1 if split else 0)),
           shared_mem=sm)
+
+
+@functools.lru_cache(maxsize=8)
+def _n_sm(device) -> int:
+    import torch
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _regs(k) -> int | None:
+    try:
+        return int(k.num_regs)
+    except Exception:            # noqa: BLE001 - informational only
+        return None

@@ -73,6 +73,7 @@ TF_DEV float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) 
 TF_DEV float shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 TF_DEV float shfl_idx(float v, int src) { return __shfl_sync(0xffffffffu, v, src); }
 TF_DEV void syncwarp() { __syncwarp(); }
+TF_DEV bool warp_any(bool p) { return __any_sync(0xffffffffu, p) != 0; }
 TF_DEV void syncthreads() { __syncthreads(); }
 TF_DEV void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
@@ -245,10 +246,25 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
 
     u8* wring = ring + w * NST * STAGE;
     // issue the raw rows of this warp's tile `it` into ring slot it % NST (always commits).
-    // Chunk i of the tile = (row i / NK, piece i % NK): the lane-only part of both addresses is
-    // loop-invariant; per chunk only a 64-bit add, a compare and the copy remain.
+    // Chunk i = lane + 32 j of a tile is (row r = i / NK, piece i % NK): its 32-bit global offset
+    // from the tile's first row is lane-only, so it is computed once; it is < nval * row stride
+    // exactly when r < nval (the rows that exist). Per chunk: compare, select, 64-bit add, copy.
     constexpr int NK = RBK / CPB, NV = RBV / CPB;
-    const i64 gsk = (i64)Hkv * RBK, gsv = (i64)Hkv * RBV;    // global row strides
+    constexpr int JK = (16 * NK + 31) / 32, JV = (16 * NV + 31) / 32;
+    const int gsk = Hkv * RBK, gsv = Hkv * RBV;              // global row strides (bytes)
+    // (precomputed into registers when there are few chunks per lane: 16-B copies)
+    constexpr bool PRE = JK + JV <= 18;
+    auto ofs = [&](int j, int n, int gs) -> int {
+        const int i = lane + 32 * j, r = i / n;
+        return i < 16 * n ? r * gs + (i - r * n) * CPB : 1 << 30;
+    };
+    int koff[PRE ? JK : 1], voff[PRE ? JV : 1];
+    if constexpr (PRE) {
+#pragma unroll
+        for (int j = 0; j < JK; j++) koff[j] = ofs(j, NK, gsk);
+#pragma unroll
+        for (int j = 0; j < JV; j++) voff[j] = ofs(j, NV, gsv);
+    }
     auto issue = [&](int it) {
         if (it < ntw) {
             const int t0 = start + (w + it * NW) * 16;
@@ -256,25 +272,30 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
             u8* dst = wring + (it % NST) * STAGE;
             const u8* kb = kc + ((i64)t0 * Hkv + kvh) * RBK;
             const u8* vb = vc + ((i64)t0 * Hkv + kvh) * RBV;
+            const int klim = nval * gsk, vlim = nval * gsv;   // nval <= chunk rows: no overflow
+            auto one = [&](int j, int of, int n, int rs, int lim, const u8* src, u8* d0) {
+                const int i = lane + 32 * j, r = i / n;
+                const bool ok = of < lim;
+                cp_async(d0 + (rs == n * CPB ? i * CPB : r * rs + (i - r * n) * CPB),
+                         src + (ok ? of : 0), ok ? CPB : 0);
+            };
+            if constexpr (PRE) {
 #pragma unroll
-            for (int j = 0; j < (16 * NK + 31) / 32; j++) {
-                const int i = lane + 32 * j;
-                if ((16 * NK) % 32 == 0 || i < 16 * NK) {
-                    const int r = i / NK, k = i - r * NK;
-                    const bool ok = r < nval;
-                    cp_async(dst + r * RSK + k * CPB, kb + (ok ? r * gsk + k * CPB : 0),
-                             ok ? CPB : 0);
-                }
-            }
+                for (int j = 0; j < JK; j++)
+                    if ((16 * NK) % 32 == 0 || lane + 32 * j < 16 * NK)
+                        one(j, koff[PRE ? j : 0], NK, RSK, klim, kb, dst);
 #pragma unroll
-            for (int j = 0; j < (16 * NV + 31) / 32; j++) {
-                const int i = lane + 32 * j;
-                if ((16 * NV) % 32 == 0 || i < 16 * NV) {
-                    const int r = i / NV, k = i - r * NV;
-                    const bool ok = r < nval;
-                    cp_async(dst + 16 * RSK + r * RSV + k * CPB, vb + (ok ? r * gsv + k * CPB : 0),
-                             ok ? CPB : 0);
-                }
+                for (int j = 0; j < JV; j++)
+                    if ((16 * NV) % 32 == 0 || lane + 32 * j < 16 * NV)
+                        one(j, voff[PRE ? j : 0], NV, RSV, vlim, vb, dst + 16 * RSK);
+            } else {                                          // many small copies: a loop
+#pragma unroll 1
+                for (int j = 0; j < JK; j++)
+                    if (lane + 32 * j < 16 * NK) one(j, ofs(j, NK, gsk), NK, RSK, klim, kb, dst);
+#pragma unroll 1
+                for (int j = 0; j < JV; j++)
+                    if (lane + 32 * j < 16 * NV)
+                        one(j, ofs(j, NV, gsv), NV, RSV, vlim, vb, dst + 16 * RSK);
             }
         }
         cp_commit();
@@ -336,9 +357,11 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
         l_run = l_run * alpha + (p[0] + p[1]) + (p[2] + p[3]);
         m_run = m_new;
         const float al0 = shfl_idx(alpha, 8 * c), al1 = shfl_idx(alpha, 8 * c + 4);
+        if (warp_any(alpha != 1.f)) {      // the running max rarely moves after a few tiles
 #pragma unroll
-        for (int i = 0; i < KS; i++) {
-            acc[i][0] *= al0; acc[i][1] *= al1; acc[i][2] *= al0; acc[i][3] *= al1;
+            for (int i = 0; i < KS; i++) {
+                acc[i][0] *= al0; acc[i][1] *= al1; acc[i][2] *= al0; acc[i][3] *= al1;
+            }
         }
         const u32 ph0 = f2h2(p[0], p[1]), ph1 = f2h2(p[2], p[3]);
         const u32 pl0 = f2h2(p[0] - h2f(ph0 & 0xFFFFu), p[1] - h2f(ph0 >> 16));
@@ -389,15 +412,6 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
             const u32 s1 = prmt(ld16(vr1 + vso), 0u, 0x1010u);
             const u32 s2 = prmt(ld16(vr2 + vso), 0u, 0x1010u);
             const u32 s3 = prmt(ld16(vr3 + vso), 0u, 0x1010u);
-            u32 W[4][VB == 4 ? VPT / 8 : 1];
-            if constexpr (VB == 4) {                               // the thread's VPT nibbles of each row
-                const u8* vr[4] = {vr0, vr1, vr2, vr3};
-#pragma unroll
-                for (int t = 0; t < 4; t++) {
-                    if (VPT == 32) ld128(vr[t] + 16 * g, W[t]);
-                    else ld64(vr[t] + 8 * g, W[t][0], W[t][VPT / 8 - 1]);
-                }
-            }
 #pragma unroll
             for (int k = 0; k < VPT / 4; k++) {
                 const int e = VPT * g + 4 * k;
@@ -407,11 +421,12 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
                     dq8(ld32(vr1 + e), x1[0], x1[1]);
                     dq8(ld32(vr2 + e), x2[0], x2[1]);
                     dq8(ld32(vr3 + e), x3[0], x3[1]);
-                } else {
+                } else {                                 // 4 nibbles of each row (u16)
                     u32* xs[4] = {x0, x1, x2, x3};
+                    const u8* vr[4] = {vr0, vr1, vr2, vr3};
 #pragma unroll
                     for (int t = 0; t < 4; t++) {
-                        const u32 wd = W[t][(k >> 1) % (VB == 4 ? VPT / 8 : 1)] >> (16 * (k & 1));
+                        const u32 wd = ld16(vr[t] + e / 2);
                         dq4(VT, wd & 0x7777u, ((wd >> 1) & 0x4444u) | 0x3210u, xs[t][0], xs[t][1]);
                     }
                 }

@@ -99,6 +99,14 @@ TF_DEV float shfl_idx(float v, int src) {
     float r = w.xf[src & 31]; w.bar.arrive_and_wait();
     return r;
 }
+TF_DEV bool warp_any(bool p) {
+    TfWarp& w = tf_warp(); int l = tf_tid_v & 31;
+    w.xf[l] = p ? 1.f : 0.f; w.bar.arrive_and_wait();
+    bool r = false;
+    for (int i = 0; i < 32; i++) r = r || w.xf[i] != 0.f;
+    w.bar.arrive_and_wait();
+    return r;
+}
 TF_DEV void syncwarp() { tf_warp().bar.arrive_and_wait(); }
 TF_DEV void syncthreads() { tf_cta->bar.arrive_and_wait(); }
 // mma.sync.m16n8k16 row.col f32 += f16 * f16, PTX fragment layouts (groupID = lane/4, tig = lane%4):
