@@ -2,7 +2,7 @@
 against this machine's host read bandwidth.
 
     python bench/cpu_gemv.py [--rows 17408] [--k 5120] [--batch 1] [--reps 7] [--bw-gb 2]
-                             [--formats Q4_K,Q6_K] [--threads N]
+                             [--formats Q4_K,Q6_K,TQ2_0,TQ1_0] [--threads N]
 
 Random but valid blocks (finite fp16 scales), the ffn_up shape of the 27B by default (about 100 MB
 of Q4_K: far larger than the caches, as host rows are). GB/s is the raw matrix bytes divided by
@@ -20,6 +20,7 @@ suffix of `host-frac` of its rows (rounded like the planner: split point on 64 r
 (b) one `Group.gemv` call (x quantized once, all rows in one balanced parallel loop). Wall ms are
 medians of `reps` after a warm-up; "saved" = (a) - (b) is the per-call overhead removed, and
 "per token" scales it by the groups of one 27B token (48 gdn + 16 attn + 64 ffn).
+`--groups tffn` times a ternary 27B's FFN pair instead (two TQ2_0 matrices, 64 per token).
 """
 from __future__ import annotations
 
@@ -79,8 +80,10 @@ GROUPS = {
     "gdn": [("attn_qkv", 10240, "IQ4_XS"), ("attn_gate", 6144, "IQ4_XS")],
     "attn": [("attn_q", 12288, "IQ4_XS"), ("attn_k", 1024, "Q6_K"), ("attn_v", 1024, "Q5_K")],
     "ffn": [("ffn_gate", 17408, "IQ4_XS"), ("ffn_up", 17408, "Q5_K")],
+    # a ternary 27B's FFN pair (cpu_gemv_ternary: its own grouped call); not in the default list
+    "tffn": [("ffn_gate", 17408, "TQ2_0"), ("ffn_up", 17408, "TQ2_0")],
 }
-PER_TOKEN = {"gdn": 48, "attn": 16, "ffn": 64}
+PER_TOKEN = {"gdn": 48, "attn": 16, "ffn": 64, "tffn": 64}
 
 
 def _median_ms(f, reps: int) -> float:

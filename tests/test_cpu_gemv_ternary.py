@@ -74,6 +74,7 @@ def test_simd_and_portable_kernels_agree_bit_for_bit(name):
     rng = np.random.default_rng(5)
     rows, k, B = 67, 1280, 2
     raw = ternary(rng, name, rows, k)
+    raw.flags.writeable = False     # the signature gemv compiles (mmap rows are read-only)
     x = rng.standard_normal((B, k)).astype(np.float32)
     xq, xd, xs = np.zeros((B, k), np.int8), np.zeros((B, k // 256), np.float32), \
         np.zeros((B, k // 16), np.int32)

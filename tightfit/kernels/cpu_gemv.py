@@ -36,6 +36,7 @@ IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S = 17, 18, 21, 22
 TQ1_0, TQ2_0 = _T.TQ1_0, _T.TQ2_0
 
 #: types decoded by `decode_rows` without the NumPy dequantizer: (elements, bytes) per block
+#: (TQ1_0/TQ2_0 by cpu_gemv_ternary.decode_tq, the others by _decode_rows_native)
 _DECODE_NATIVE: dict[int, tuple[int, int]] = {
     Q4_0: (32, 18), Q8_0: (32, 34), IQ4_NL: (32, 18), IQ4_XS: (256, 136), Q2_K: (256, 84),
     Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), F16: (1, 2),
@@ -165,23 +166,6 @@ def _decode_block(qt, w, r, o, buf, k0, tab, kv4):
                         low = (np.int32(w[r, o + 64 * h + t + 32 * (g & 1)]) >> (4 * (g >> 1))) & 15
                         hi = (np.int32(w[r, o + 128 + 32 * h + t]) >> (2 * g)) & 3
                         buf[k0 + e0 + u] = dl * ((low | (hi << 4)) - 32)
-    elif qt == TQ2_0:
-        d = _h(w, r, o + 64, tab)
-        for c in range(2):
-            for m in range(32):
-                b = np.int32(w[r, o + 32 * c + m])
-                for n in range(4):
-                    buf[k0 + 128 * c + 32 * n + m] = d * (((b >> (2 * n)) & 3) - 1)
-    elif qt == TQ1_0:
-        d = _h(w, r, o + 52, tab)
-        # element e0 + span * n + j is trit n of byte j: ((b * 3^n mod 256) * 3) >> 8
-        for j0, e0, span, nt in ((0, 0, 32, 5), (32, 160, 16, 5), (48, 240, 4, 4)):
-            for j in range(span):
-                b = np.int32(w[r, o + j0 + j])
-                p = np.int32(1)
-                for n in range(nt):
-                    buf[k0 + e0 + span * n + j] = d * (((((b * p) & 255) * 3) >> 8) - 1)
-                    p *= 3
     elif qt == F16:
         buf[k0 + 0] = _h(w, r, o, tab)
 
@@ -496,6 +480,9 @@ def _run(qtype: int, w: np.ndarray, x2: np.ndarray, y2: np.ndarray, s: _Scratch)
     else:
         _K.quantize_act(x2, s.xq, s.xd, s.xs)
         if qtype in _T.TQ_TYPES:
+            if w.flags.writeable:   # one compiled signature: that of the read-only mmap rows
+                w = w.view()
+                w.flags.writeable = False
             _T.block_sums(s.xs, s.xb)
             kern = _T.gemv_tq_simd if TQ_SIMD else _T.gemv_tq
             kern(qtype, w, s.xq, s.xd, s.xb, y2, _F16)
@@ -527,7 +514,10 @@ def decode_rows(w: np.ndarray, qtype: int, rows) -> np.ndarray:
         nt = numba.get_num_threads()
         numba.set_num_threads(1 if rows.size <= 4 else _threads)
         try:
-            _decode_rows_native(qtype, bs, ts, w, rows, out, _F16, _KV4)
+            if qtype in _T.TQ_TYPES:
+                _T.decode_tq(qtype, w, rows, out, _F16)
+            else:
+                _decode_rows_native(qtype, bs, ts, w, rows, out, _F16, _KV4)
         finally:
             numba.set_num_threads(nt)
     else:
