@@ -118,6 +118,16 @@ def test_random_layouts(tmp_path, seed):
     check_arena(model, plan, arena)
 
 
+def test_nothing_on_the_device(synth_file):
+    model, plan = synth_file
+    specs = list(model.tensors.values())
+    p = build_placement(specs, {t.name: t.n_rows for t in specs})
+    assert not p.gpu_segments() and p.weights_region_bytes == 0
+    rep = upload(model, p, new_arena(plan), progress=False)
+    assert (rep.bytes, rep.segments, rep.released_bytes) == (0, 0, 0)
+    assert not _threads()
+
+
 def test_plan_chunks_cover_batch_and_split():
     sb = 1000
     ranges = [(0, 0, 10), (10, 256, 5), (15, 512, 0), (47, 768, 300),      # adjacent / padded

@@ -7,8 +7,9 @@ device arena, the host rows read in place from the read-only mmap.
 2. runs `check_exact_cover` (every row in exactly one place) -- before anything is allocated, so a
    bad placement is refused before the first token;
 3. allocates `Arena(plan, device)` (the only device allocation of the weights, the KV cache in
-   the plan's format, the recurrent state and the executor's step buffers) and `upload`s every GPU segment straight from the mmap through the pinned
-   staging ring (page cache released behind it; rich progress bar);
+   the plan's format, the recurrent state and the executor's step buffers) and `upload`s every
+   GPU segment: a reader pool preads the file into a pinned staging ring, H2D copies on their own
+   stream (page cache released behind it; rich progress bar);
 4. maps the file read-only once more for the host rows: `HostRows` per split matrix (its suffix
    rows, zero-copy, computed by tightfit.kernels.cpu_gemv) and the host embedding table (one row
    decoded on the CPU per token).

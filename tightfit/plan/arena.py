@@ -132,7 +132,7 @@ def _plan_chunks(ranges: list[tuple[int, int, int]], slot_bytes: int,
     for a, d, n in ranges:
         end = a + n
         while a < end:
-            if cur is None or a - cur.hi > gap or a < cur.lo or a > cur.lo + slot_bytes:
+            if cur is None or a - cur.hi > gap or a < cur.lo or a >= cur.lo + slot_bytes:
                 cur = _Chunk(a, a)
                 chunks.append(cur)
             k = min(end - a, cur.lo + slot_bytes - a)
@@ -234,10 +234,12 @@ def _copy_chunks(fd: int, path: str, size: int, chunks: list[_Chunk], arena: Are
     sb = max((c.hi - c.lo for c in chunks), default=1)
     sb = -(-sb // _PAGE) * _PAGE
     ring = [torch.empty(sb, dtype=torch.uint8, pin_memory=cuda) for _ in range(slots)]
-    ring_mv = [memoryview(r.numpy()).cast("B") for r in ring]
+    ring_np = [r.numpy() for r in ring]
+    ring_mv = [memoryview(r) for r in ring_np]
     events: list[Any] = [None] * slots
     stream = torch.cuda.Stream(device=arena.device) if cuda else None
     buf = arena.buffer
+    buf_np = None if cuda else buf.numpy()
     # at most slots - 1 readers: one filled slot is always free for the copy engine
     pool = ThreadPoolExecutor(max(1, min(readers, slots - 1)), thread_name_prefix="tightfit-upload")
     dropper = ThreadPoolExecutor(1, thread_name_prefix="tightfit-upload-release")
@@ -263,12 +265,14 @@ def _copy_chunks(fd: int, path: str, size: int, chunks: list[_Chunk], arena: Are
                         ev = torch.cuda.Event()
                         ev.record(stream)
                     events[k] = ev
-                else:
+                else:                                       # numpy: torch's CPU copy_ is slower
+                    src_np = ring_np[k]
                     for so, ao, n in c.pieces:
-                        buf[ao:ao + n].copy_(src[so:so + n])
+                        np.copyto(buf_np[ao:ao + n], src_np[so:so + n])
                 # the chunk is in the ring: release its pages. Every chunk before it is read too,
-                # so [floor(lo), floor(hi)) is safe; the page holding `hi` is shared with the next
-                # chunk and released by it (or, for the last chunk, now).
+                # so [floor(lo), floor(hi)) is safe; the page holding `hi` may be shared with the
+                # next chunk, which releases it when it starts in it (the last chunk: now). A page
+                # shared with host or excluded bytes past a gap stays cached (one per gap).
                 lo = max(mark, c.lo // _PAGE * _PAGE)
                 hi = (c.hi // _PAGE * _PAGE) if i + 1 < len(chunks) else \
                     min(size, -(-c.hi // _PAGE) * _PAGE)
@@ -301,7 +305,7 @@ def _copy_chunks(fd: int, path: str, size: int, chunks: list[_Chunk], arena: Are
         dropper.shutdown(wait=True, cancel_futures=True)
         if cuda:
             stream.synchronize()                            # no copy may still read the ring
-            del ring, ring_mv
+            del ring, ring_np, ring_mv
             empty = getattr(torch._C, "_host_emptyCache", None)
             if empty is not None:                           # give the pinned ring back now
                 try:
