@@ -178,3 +178,59 @@ def test_cse_friendly_h2f_matches_numpy():
     assert f.dtype == np.float32
     assert np.array_equal(f[finite], ref[finite].astype(np.float32))
     assert np.array_equal(np.signbit(f[finite]), np.signbit(ref[finite]))
+
+
+# ---------------------------------------------------------------- v4 (tf_gemv4, N = 1)
+def v4_blocks(nb, parts, U, wpr):
+    """Transcription of tf_gemv4's block assignment for one row: [(block, part)] over all warps
+    and lanes (main loop of full strides at constant offsets, then the interleaved remainder)."""
+    G = 32 // parts
+    span = U * G
+    sstep = span * wpr
+    nfull = nb // sstep
+    out = []
+    for sub in range(wpr):
+        for lane in range(32):
+            p, lb = lane % parts, lane // parts
+            b = sub * span + lb
+            for s in range(nfull):
+                for u in range(U):
+                    out.append((b + s * sstep + u * G, p))
+            b0, bs = nfull * sstep + sub * G + lb, G * wpr
+            for u in range(U):
+                if b0 + u * bs < nb:
+                    out.append((b0 + u * bs, p))
+            assert b0 + U * bs >= nb      # the remainder never needs more than U items per lane
+    return out
+
+
+@pytest.mark.parametrize("qk,parts", [(256, 8), (32, 1), (128, 4)])
+def test_v4_blocks_cover_row_once(qk, parts):
+    for K in KS + [256 * 3, 256 * 33, 256 * 68 + 256]:
+        if K % qk:
+            continue
+        nb = K // qk
+        for U in (2, 4):
+            for wpr in (1, 2, 4, 8):
+                got = v4_blocks(nb, parts, U, wpr)
+                assert sorted(got) == [(b, p) for b in range(nb) for p in range(parts)], (K, U, wpr)
+
+
+def test_v4_kernel_names():
+    assert "v4" in gc.KERNS
+    assert gc.concrete("v4", 1, 17408) == "v4" and gc.concrete("v4", 1, 64) == "v4"
+    assert gc.concrete("v4", 8, 17408) == "v3" and gc.concrete("v4", 8, 1024) == "v2h"
+    assert gc.module_kerns("v4") == ("v4", "v2h", "v3")
+    assert gc.kernel_names(23, "v4")[0] == "tf_gemv4<F_IQ4_XS, 1>"
+    assert gc.kernel_names(13, "v4")[0] == "tf_gemv4<F_Q5_K, 1>"
+    assert gc.kernel_names(8, "v4")[0] == "tf_gemv<F_Q8_0, 1>"
+    assert gc.kernel_names(23, "v4")[1] == "tf_gemv2<F_IQ4_XS, 2>"
+    assert "tf_gemv4(" in KERNEL
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc not installed")
+def test_v4_nvcc_sm90_no_spills():
+    rows = gc.compile_report("sm_90", lowbit=False, kern="v4")
+    assert {r["nc"] for r in rows} == set(gc.NCS)
+    assert not [r for r in rows if r["spill_stores"] or r["spill_loads"]]
+    assert not [r for r in rows if r["nc"] == 1 and r["regs"] > 64]
