@@ -29,6 +29,12 @@ from numba import njit, prange
 
 from tightfit.kernels import cpu_gemv_kern as _K
 from tightfit.kernels import cpu_gemv_ternary as _T
+from tightfit.kernels import cpu_gemv_avx512 as _A
+
+#: AVX-512 VNNI twins of gemv_simd / gemv_simd_group where the host has avx512f/bw/vnni (2-3x the
+#: AVX2 kernels per thread on Zen 4); TIGHTFIT_CPU_AVX512=0 keeps the AVX2 ones
+_SIMD_ONE = _A.gemv_avx512 if _A.ENABLED else _K.gemv_simd
+_SIMD_GRP = _A.gemv_avx512_group if _A.ENABLED else _K.gemv_simd_group
 
 # ggml type ids (spec/quant-formats.md §1)
 F32, F16, Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS = 0, 1, 2, 8, 10, 11, 12, 13, 14, 20, 23
@@ -443,7 +449,7 @@ class Group:
             try:
                 if idx:
                     ws, qts, cols, cm, c0, c1 = self._plan(idx)
-                    _K.gemv_simd_group(ws, qts, cols, cm, c0, c1, s.xq, s.xd, s.xs, y2, _F16,
+                    _SIMD_GRP(ws, qts, cols, cm, c0, c1, s.xq, s.xd, s.xs, y2, _F16,
                                        s.ssc)
                 if tq:
                     ws, qts, cols, cm, c0, c1 = self._plan(tq)
@@ -488,7 +494,7 @@ def _run(qtype: int, w: np.ndarray, x2: np.ndarray, y2: np.ndarray, s: _Scratch)
             kern(qtype, w, s.xq, s.xd, s.xb, y2, _F16)
             return
         if qtype in SIMD and (qtype == IQ4_XS or x2.shape[0] <= SIMD_MAX_BATCH_K):
-            _K.gemv_simd(qtype, w, s.xq, s.xd, s.xs, y2, _F16, s.ssc)
+            _SIMD_ONE(qtype, w, s.xq, s.xd, s.xs, y2, _F16, s.ssc)
             return
         if qtype in _K.IQ_TYPES:
             g64, m64, p16 = _IQ[qtype]

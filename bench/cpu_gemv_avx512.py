@@ -1,0 +1,79 @@
+"""AVX2 `gemv_simd` vs AVX-512 VNNI `gemv_avx512` (tightfit.kernels.cpu_gemv_avx512), kernel calls
+only (x quantized once beforehand), GB/s of weight bytes at 1 thread and at --threads, B = 1.
+
+    python bench/cpu_gemv_avx512.py [--rows 17408] [--k 5120] [--reps 9] [--threads N]
+                                    [--formats IQ4_XS,Q4_K,Q5_K,Q6_K]
+
+Random valid blocks as bench/cpu_gemv.py makes them. The two kernels are timed interleaved (best
+of --reps each), with cpu_gemv's dynamic row chunks (~8 per thread). Both outputs are compared
+(max relative difference: the same integers; fp32 within rounding). A smaller --rows (e.g.
+2048: ~6-9 MB, cache-resident) times the kernels rather than the RAM.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tightfit.kernels import cpu_gemv as G  # noqa: E402
+from tightfit.kernels import cpu_gemv_avx512 as A  # noqa: E402
+from tightfit.kernels import cpu_gemv_kern as K  # noqa: E402
+
+FORMATS = {"IQ4_XS": (23, 256, 136, [0]), "Q4_K": (12, 256, 144, [0, 2]),
+           "Q5_K": (13, 256, 176, [0, 2]), "Q6_K": (14, 256, 210, [208])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=17408)
+    ap.add_argument("--k", type=int, default=5120)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=None, help="default: numba's pool")
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    a = ap.parse_args()
+    if not (A.available() and K.HAVE_AVX2):
+        sys.exit("needs AVX2 and avx512f + avx512bw + avx512vnni on this host")
+    import numba
+    from cpu_gemv import random_blocks  # bench/cpu_gemv.py (same folder)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, a.k)).astype(np.float32)
+    xq, xd, xs = np.zeros((1, a.k), np.int8), np.zeros((1, a.k // 256), np.float32), \
+        np.zeros((1, a.k // 16), np.int32)
+    K.quantize_act(x, xq, xd, xs)
+    ssc = G.per_thread(G._POOL, 16, np.int16)
+    nt_all = a.threads or numba.config.NUMBA_NUM_THREADS
+    print(f"M={a.rows} K={a.k} B=1, best of {a.reps}; GB/s of weight bytes (kernel call only)")
+    print(f"{'format':8s} {'MB':>7s} {'1t AVX2':>8s} {'1t 512':>8s} {f'{nt_all}t AVX2':>9s} "
+          f"{f'{nt_all}t 512':>9s} {'max rel diff':>13s}")
+    for name in a.formats.split(","):
+        qt, bs, ts, offs = FORMATS[name]
+        w = random_blocks(rng, a.rows, a.k, bs, ts, offs)
+        ys = [np.zeros((1, a.rows), np.float32) for _ in range(2)]
+        res = []
+        for nt in (1, nt_all):
+            numba.set_num_threads(nt)
+            prev = numba.set_parallel_chunksize(max(16, a.rows // (8 * nt)))
+            kerns = (K.gemv_simd, A.gemv_avx512)
+            best = [float("inf")] * 2
+            for k, y in zip(kerns, ys):
+                k(qt, w, xq, xd, xs, y, G._F16, ssc)
+            for _ in range(a.reps):
+                for i, (k, y) in enumerate(zip(kerns, ys)):
+                    t0 = time.perf_counter()
+                    k(qt, w, xq, xd, xs, y, G._F16, ssc)
+                    best[i] = min(best[i], time.perf_counter() - t0)
+            numba.set_parallel_chunksize(prev)
+            res += [w.nbytes / b / 1e9 for b in best]
+        diff = np.max(np.abs(ys[0] - ys[1]) / (np.abs(ys[0]).max() + 1e-30))
+        print(f"{name:8s} {w.nbytes / 1e6:7.1f} {res[0]:8.2f} {res[1]:8.2f} {res[2]:9.2f} "
+              f"{res[3]:9.2f} {diff:13.1e}")
+        del w
+
+
+if __name__ == "__main__":
+    main()
