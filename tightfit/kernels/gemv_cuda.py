@@ -39,12 +39,15 @@ _streams: dict[int, object] = {}
 
 
 KERNS = ("auto", "v1", "v2", "v2h", "v3", "v4")
-# Measured on the H200 (bench/RESULTS.md session 4 call 1, % of copy bandwidth at 5120->17408 /
-# 17408->5120): at N = 1, v2h lifts IQ4_XS from 46/42 % (v1) to 51/51 % and Q5_K 17408->5120 from 57
-# to 62 %, the other formats within +-2 %; at N = 8, v3 lifts every format on the wide shapes by
-# 20-40 % (Q8_0 31/27 -> 40/38 %) but loses on 5120->1024 (Q8_0 14 -> 11 %). "auto" takes each
-# winner: v2h at NC = 1, v3 at NC >= 2 on matrices with >= V3_MIN_OUT rows, v2 otherwise.
+# Measured on the H200 (bench/RESULTS.md session 4 calls 1 and 4, % of copy bandwidth at
+# 5120->17408 / 17408->5120): at N = 1, v2h lifts IQ4_XS from 46/42 % (v1) to 51/51 % and Q5_K
+# 17408->5120 from 57 to 62 %, the other formats within +-2 %; tf_gemv4 lifts IQ4_XS further to
+# 57/58 % but slows Q5_K to 55/57 %, so v4 runs it for IQ4_XS only (V4_FORMATS); at N = 8, v3 lifts
+# every format on the wide shapes by 20-40 % (Q8_0 31/27 -> 40/38 %) but loses on 5120->1024
+# (Q8_0 14 -> 11 %). "auto" takes each winner: v4 at NC = 1, v3 at NC >= 2 on matrices with
+# >= V3_MIN_OUT rows, the v2 bodies (v4's module) otherwise.
 DEFAULT_KERN = "auto"
+V4_FORMATS = ("F_IQ4_XS",)
 V3_MIN_OUT = 4096
 
 
@@ -56,8 +59,9 @@ def _kern(config: dict | None = None) -> str:
         CTAs/SM, <= 64 registers: ptxas keeps the U items' loads hoisted).
     v3: tf_gemv3 for NC >= V3_MIN_NC (x staged in shared memory per CTA, RPW rows per warp,
         v2 format bodies); NC below that runs tf_gemv with the v2 bodies.
-    v4: "auto", except NC = 1 of the two-phase formats runs tf_gemv4 (fewer instructions per
-        item: the formats' single-column compute1, constant-offset item addressing)."""
+    v4: v2h, except NC = 1 of V4_FORMATS runs tf_gemv4 (fewer instructions per item: the
+        format's single-column compute1, constant-offset item addressing).
+    auto: v4 at NC = 1 and on narrow matrices, v3 at NC >= 2 on wide ones (measured winners)."""
     k = (config or {}).get("kern") or os.environ.get("TIGHTFIT_CU_GEMV") or DEFAULT_KERN
     k = str(k).strip().lower()
     if k not in KERNS:
@@ -68,18 +72,16 @@ def _kern(config: dict | None = None) -> str:
 def concrete(kern: str, nc: int, n_out: int | None = None) -> str:
     """The variant that runs an NC-column launch: `kern` itself unless it is "auto" (see KERNS).
     n_out None (no shape known: compile-time) counts as a large matrix."""
-    if kern == "v4":
-        return "v4" if nc == 1 else concrete("auto", nc, n_out)
     if kern != "auto":
         return kern
     if nc == 1:
-        return "v2h"
-    return "v3" if (n_out is None or n_out >= V3_MIN_OUT) else "v2h"
+        return "v4"
+    return "v3" if (n_out is None or n_out >= V3_MIN_OUT) else "v4"
 
 
 def module_kerns(kern: str) -> tuple[str, ...]:
-    """Concrete variants whose modules `kern` may launch (v2h's module holds tf_gemv2 at NC >= 2)."""
-    return {"auto": ("v2h", "v3"), "v4": ("v4", "v2h", "v3")}.get(kern, (kern,))
+    """Concrete variants whose modules `kern` may launch (v4's module holds tf_gemv2 at NC >= 2)."""
+    return {"auto": ("v4", "v3")}.get(kern, (kern,))
 
 
 def _prefix(kern: str) -> str:
@@ -197,7 +199,7 @@ def _kname(kern: str, nc: int, name: str = "") -> str:
     if kern in ("v1", "v3") or name not in TWO_PHASE:
         return "tf_gemv"
     if nc == 1 and kern in ("v2h", "v4"):
-        return "tf_gemv2h" if kern == "v2h" else "tf_gemv4"
+        return "tf_gemv4" if (kern == "v4" and name in V4_FORMATS) else "tf_gemv2h"
     return "tf_gemv2"
 
 
