@@ -119,8 +119,80 @@ def test_tables_match_gguf():
         assert np.array_equal(bits(m[b]), ((b >> np.arange(8)) & 1) * 0xFF), b
     src = cuda_tables.tables_source()
     for name, n, _ in cuda_tables.GRIDS:
-        assert f"tf_{name}_grid[{n}]" in src
-    assert "tf_sign_mask64[384]" in src
+        assert f"tf_{name}_g16[{n}]" in src
+
+
+def _prmt(a, b, s):
+    """PTX prmt.b32 default mode (what tf_lb_prmt runs on the device)."""
+    v = (int(b) << 32) | int(a)
+    r = 0
+    for k in range(4):
+        sel = (int(s) >> (4 * k)) & 15
+        byte = (v >> (8 * (sel & 7))) & 0xFF
+        if sel & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        r |= byte << (8 * k)
+    return r
+
+
+def _bytes(w):
+    return np.array([(w >> (8 * j)) & 0xFF for j in range(4)], np.uint8).view(np.int8)
+
+
+def test_g16_grids_decode():
+    """The 16-bit code words + byte_perm LUTs give back gguf's grids (and the decode the
+    header does: IQ2 (e | e << 14) & 0x33333333 as selector, IQ3 e as selector)."""
+    import gguf.quants as gq
+    for name, cls in (("iq2xxs", gq.IQ2_XXS), ("iq2xs", gq.IQ2_XS), ("iq2s", gq.IQ2_S),
+                      ("iq3xxs", gq.IQ3_XXS), ("iq3s", gq.IQ3_S)):
+        cls.init_grid()
+        g = np.asarray(cls.grid).reshape(cls.grid_shape).astype(np.int64)
+        e16 = cuda_tables.grid16(name)
+        lut = cuda_tables.lut_words(name)
+        for i, e in enumerate(e16.astype(np.int64)):
+            if g.shape[1] == 8:
+                sel = (e | (e << 14)) & 0x33333333
+                got = np.concatenate([_bytes(_prmt(lut[0], lut[1], sel & 0xFFFF)),
+                                      _bytes(_prmt(lut[0], lut[1], sel >> 16))])
+                neg = np.concatenate([_bytes(_prmt(lut[0], lut[1], (sel | 0x44444444) & 0xFFFF)),
+                                      _bytes(_prmt(lut[0], lut[1], (sel | 0x44444444) >> 16))])
+            else:
+                got = _bytes(_prmt(lut[0], lut[1], e))
+                neg = _bytes(_prmt(lut[2], lut[3], e))
+            assert np.array_equal(got, g[i]), (name, i)
+            assert np.array_equal(neg, -g[i]), (name, i)
+
+
+def test_sign_bit_tricks_exhaustive():
+    """The multiply tricks of gemv_fmt_lowbit.cuh for every sign byte / ksigns index, with
+    junk in the bits above the field (the header feeds shifted words)."""
+    import gguf.quants as gq
+    ks = np.frombuffer(gq.IQ2_XXS.ksigns, np.uint8)
+    M = 0xFFFFFFFF
+    for junk in (0, 0xABCDE700, 0xFFFFFF00):
+        for s in range(256):
+            w = (s | junk) & M
+            want = sum(((s >> j) & 1) << (4 * j + 2) for j in range(8))
+            # IQ2 explicit signs (tf_lb_sgn_nib + the masks of tf_lb_iq2_w8)
+            ev, od = ((w & 0x55) * 0x00104104) & M, ((w & 0xAA) * 0x00820820) & M
+            assert (ev & 0x04040404) | (od & 0x40404040) == want, (s, junk)
+            # IQ3 masks (tf_lb_mask_lo / hi)
+            m0 = _prmt(((w & 0x0F) * 0x10204080) & M, 0, 0xBA98)
+            m1 = _prmt(((w & 0xF0) * 0x01020408) & M, 0, 0xBA98)
+            assert m0 | m1 << 32 == sum((((s >> j) & 1) * 0xFF) << (8 * j) for j in range(8))
+        for k in range(128):
+            s8 = int(ks[k])
+            for sh in (0, 7, 9, 14, 21, 25):
+                w = ((k << sh) | (junk & ~(0x7F << sh))) & M
+                kk = w >> sh
+                pc = bin(w & (0x7F << sh)).count("1")
+                want = sum(((s8 >> j) & 1) << (4 * j + 2) for j in range(8))
+                ev = ((kk & 0x55) * 0x00104104) & M
+                od = ((kk & 0x2A) * 0x00820820 + (pc << 30)) & M
+                assert (ev & 0x04040404) | (od & 0x40404040) == want, (k, sh, junk)
+                # IQ3_XXS: high mask with the parity at bit 31
+                m1 = _prmt(((kk & 0x70) * 0x01020408 + (pc << 31)) & M, 0, 0xBA98)
+                assert m1 == sum((((s8 >> (4 + j)) & 1) * 0xFF) << (8 * j) for j in range(4))
 
 
 def test_tables_match_triton_host_tables():

@@ -222,6 +222,24 @@ struct F_TQ1_0 {
 // bytes with byte_perm (PRMT) lookups, and the signs are computed from their bits instead of read
 // from a mask table. Integer results are identical to the grid * sign products.
 
+// PTX prmt.b32 (default mode): result byte k = byte (s >> 4k) & 7 of {b:a}, and when bit 3 of
+// that nibble is set, the selected byte's bit 7 replicated (0x00 / 0xFF). Not __byte_perm: CUDA
+// defines __byte_perm on the low 3 bits of each nibble only (nvcc masks the selector with 0x7777,
+// one extra LOP3 per call, and the sign mode is lost). The host emulation tf_byte_perm implements
+// the PTX semantics. Plain (non-volatile) asm: no side effects, can be CSE'd.
+TF_DEV uint32_t tf_lb_prmt(uint32_t a, uint32_t b, uint32_t s) {
+#if TF_DEVICE
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+  return r;
+#else
+  return tf_byte_perm(a, b, s);
+#endif
+}
+
+// byte k of w, zero-extended: one PRMT (a shift + mask would be two ops).
+TF_DEV uint32_t tf_lb_byte(uint32_t w, int k) { return tf_lb_prmt(w, 0u, 0x4440u | (uint32_t)k); }
+
 TF_DEV uint32_t tf_lb_popc(uint32_t v) {
 #if TF_DEVICE
   return (uint32_t)__popc(v);
@@ -230,20 +248,12 @@ TF_DEV uint32_t tf_lb_popc(uint32_t v) {
 #endif
 }
 
-// 2-byte aligned 8 bytes -> a[0], a[1] (little-endian). Device: 3 aligned 32-bit loads + 2 funnel
-// shifts, the pointer derived from p by pointer arithmetic (an integer round trip, as in
-// tf_ld_words<2>, turns the loads into generic LD instead of LDG.CONSTANT). The only bytes read
-// outside [p, p+8) are the 2 completing the aligned word of the last byte.
+// 2-byte aligned 8 bytes -> a[0], a[1]: four 16-bit loads (LDG.U16.CONSTANT, immediate offsets
+// from one address). An aligned-word + funnel-shift version saves one load but costs ~6 issue
+// slots of address/select work and made ptxas spill at NC >= 2.
 TF_DEV void tf_lb_ld8_a2(const uint8_t* __restrict__ p, uint32_t (&a)[2]) {
-#if TF_DEVICE
-  const uint32_t mis = (uint32_t)(uint64_t)p & 2u;
-  const uint32_t* w = (const uint32_t*)(p - mis);
-  const uint32_t t0 = w[0], t1 = w[1], t2 = mis ? w[2] : 0u;
-  a[0] = __funnelshift_r(t0, t1, 8u * mis);
-  a[1] = __funnelshift_r(t1, t2, 8u * mis);
-#else
-  memcpy(a, p, 8);
-#endif
+  a[0] = tf_ld_u32_a2(p);
+  a[1] = tf_ld_u32_a2(p + 4);
 }
 
 // ---- IQ2 (grids of 3 magnitudes): one PRMT per 4 weights, sign included.
@@ -251,30 +261,34 @@ TF_DEV void tf_lb_ld8_a2(const uint8_t* __restrict__ p, uint32_t (&a)[2]) {
 // TF_IQ2_LUT_N (its negative). tf_iq2*_g16 holds code j (j < 4) at bits 4j and code j+4 at 4j+2,
 // so e | e << 14 moves codes 4..7 to nibbles 4..7.
 
-// Explicit sign byte (bit j = element j; bits above 7 ignored) -> sign j at bit 4j+2, junk at
-// other bits (callers keep & 0x44444444). Even and odd bits are spread by separate multiplies so
-// that overlapping partial products only ever carry into bits that are not read:
-//   (s & 0x55) * 0x00104104: s_2i at bit 8i+2;  (s & 0xAA) * 0x00820820: s_2i+1 at bit 8i+6.
-TF_DEV uint32_t tf_lb_sgn_nib(uint32_t s) {
-  const uint32_t ev = (s & 0x55u) * 0x00104104u, od = (s & 0xAAu) * 0x00820820u;
-  return (ev & 0x0F0F0F0Fu) | (od & 0xF0F0F0F0u);
+// Signs: sign j must land on bit 4j+2 of the selector. Even and odd sign bits are spread by
+// separate multiplies so that overlapping partial products only ever carry into bits that are
+// not read: (s & 0x55) * 0x00104104 puts s_2i at bit 8i+2, (s & 0xAA) * 0x00820820 puts s_2i+1 at
+// bit 8i+6; everything else in the products is junk that the masks below drop.
+struct tf_lb_sgn2 { uint32_t ev, od; };
+
+// Explicit sign byte (bit j = element j; bits above 7 ignored).
+TF_DEV tf_lb_sgn2 tf_lb_sgn_nib(uint32_t s) {
+  return {(s & 0x55u) * 0x00104104u, (s & 0xAAu) * 0x00820820u};
 }
 
 // 7-bit ksigns index k = (w >> sh) & 0x7F (IQ2_XXS, IQ2_XS): signs 0..6 are its bits, sign 7
 // its parity (popc is shift-invariant, so it counts the field in place). The parity lands at bit
-// 30 (element 7); popc's bit 1 lands at bit 31, which the caller's mask drops.
-TF_DEV uint32_t tf_lb_ksgn_nib(uint32_t w, int sh) {
+// 30 (element 7); popc's bit 1 lands at bit 31, which the mask drops.
+TF_DEV tf_lb_sgn2 tf_lb_ksgn_nib(uint32_t w, int sh) {
   const uint32_t k = w >> sh;
-  const uint32_t ev = (k & 0x55u) * 0x00104104u;
-  const uint32_t od = (k & 0x2Au) * 0x00820820u + (tf_lb_popc(w & (0x7Fu << sh)) << 30);
-  return (ev & 0x0F0F0F0Fu) | (od & 0xF0F0F0F0u);
+  return {(k & 0x55u) * 0x00104104u,
+          (k & 0x2Au) * 0x00820820u + (tf_lb_popc(w & (0x7Fu << sh)) << 30)};
 }
 
-// 8 weights from a code word e and sign bits sn (tf_lb_sgn_nib / tf_lb_ksgn_nib).
-TF_DEV void tf_lb_iq2_w8(uint32_t e, uint32_t sn, uint32_t& w0, uint32_t& w1) {
-  const uint32_t sel = (sn & 0x44444444u) | ((e | (e << 14)) & 0x33333333u);
-  w0 = tf_byte_perm(TF_IQ2_LUT_P, TF_IQ2_LUT_N, sel);
-  w1 = tf_byte_perm(TF_IQ2_LUT_P, TF_IQ2_LUT_N, sel >> 16);
+// 8 weights from a code word e and its signs: three LOP3 build the selector (codes, then the
+// masked even and odd signs), two PRMT the weight words.
+TF_DEV void tf_lb_iq2_w8(uint32_t e, tf_lb_sgn2 sn, uint32_t& w0, uint32_t& w1) {
+  uint32_t sel = (e | (e << 14)) & 0x33333333u;
+  sel = (sn.ev & 0x04040404u) | sel;
+  sel = (sn.od & 0x40404040u) | sel;
+  w0 = tf_lb_prmt(TF_IQ2_LUT_P, TF_IQ2_LUT_N, sel);
+  w1 = tf_lb_prmt(TF_IQ2_LUT_P, TF_IQ2_LUT_N, sel >> 16);
 }
 
 // ---- IQ3 (grids of 8 magnitudes): the code nibble is a full PRMT selector, so magnitudes and
@@ -282,12 +296,12 @@ TF_DEV void tf_lb_iq2_w8(uint32_t e, uint32_t sn, uint32_t& w0, uint32_t& w1) {
 // 4 sign bits -> 0x00/0xFF byte mask: (s & 0x0F) * 0x10204080 puts s_j at bit 8j+7 (the four
 // partial products do not overlap) and selector nibble 8+j replicates bit 7 of byte j.
 // (s & 0xF0) * 0x01020408 does the same for bits 4..7.
-TF_DEV uint32_t tf_lb_mask_lo(uint32_t s) { return tf_byte_perm((s & 0x0Fu) * 0x10204080u, 0u, 0xBA98u); }
-TF_DEV uint32_t tf_lb_mask_hi(uint32_t s) { return tf_byte_perm((s & 0xF0u) * 0x01020408u, 0u, 0xBA98u); }
+TF_DEV uint32_t tf_lb_mask_lo(uint32_t s) { return tf_lb_prmt((s & 0x0Fu) * 0x10204080u, 0u, 0xBA98u); }
+TF_DEV uint32_t tf_lb_mask_hi(uint32_t s) { return tf_lb_prmt((s & 0xF0u) * 0x01020408u, 0u, 0xBA98u); }
 
 template <uint32_t P0, uint32_t P1, uint32_t N0, uint32_t N1>
 TF_DEV uint32_t tf_lb_iq3_w4(uint32_t e, uint32_t m) {
-  const uint32_t p = tf_byte_perm(P0, P1, e), n = tf_byte_perm(N0, N1, e);
+  const uint32_t p = tf_lb_prmt(P0, P1, e), n = tf_lb_prmt(N0, N1, e);
   return (p & ~m) | (n & m);
 }
 
@@ -306,7 +320,7 @@ struct F_IQ2_XXS {
     uint32_t q[8];
 #pragma unroll
     for (int l = 0; l < 4; ++l)
-      tf_lb_iq2_w8(tf_iq2xxs_g16[(a[0] >> (8 * l)) & 0xFFu], tf_lb_ksgn_nib(a[1], 7 * l),
+      tf_lb_iq2_w8(tf_iq2xxs_g16[tf_lb_byte(a[0], l)], tf_lb_ksgn_nib(a[1], 7 * l),
                    q[2 * l], q[2 * l + 1]);
     const float dl = tf_h2f((uint16_t)tf_ld_u16(blk)) * 0.125f * (float)(2 * (a[1] >> 28) + 1);
 #pragma unroll
@@ -364,7 +378,7 @@ struct F_IQ2_S {
     uint32_t q[8];
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-      const uint32_t gi = ((qs >> (8 * l)) & 0xFFu) | ((qh << (8 - 2 * l)) & 0x300u);
+      const uint32_t gi = tf_lb_byte(qs, l) | ((qh << (8 - 2 * l)) & 0x300u);
       tf_lb_iq2_w8(tf_iq2s_g16[gi], tf_lb_sgn_nib(sg >> (8 * l)), q[2 * l], q[2 * l + 1]);
     }
     const int ls0 = 2 * (int)(sb & 15u) + 1, ls1 = 2 * (int)(sb >> 4) + 1;
@@ -394,16 +408,17 @@ struct F_IQ3_XXS {
     uint32_t q[8];
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-      const uint32_t w = a[l >> 1] >> (16 * (l & 1));
+      const uint32_t w = a[l >> 1];
+      const int b0 = 2 * (l & 1);
       const uint32_t k = aux >> (7 * l);
       // sign 7 = parity of the 7 index bits: popc's bit 0 times 2^31 lands on bit 7 of byte 3
       const uint32_t m0 = tf_lb_mask_lo(k);
-      const uint32_t m1 = tf_byte_perm((k & 0x70u) * 0x01020408u
+      const uint32_t m1 = tf_lb_prmt((k & 0x70u) * 0x01020408u
                                        + (tf_lb_popc(aux & (0x7Fu << (7 * l))) << 31), 0u, 0xBA98u);
       q[2 * l] = tf_lb_iq3_w4<TF_IQ3XXS_LUT_P0, TF_IQ3XXS_LUT_P1, TF_IQ3XXS_LUT_N0, TF_IQ3XXS_LUT_N1>(
-          tf_iq3xxs_g16[w & 0xFFu], m0);
+          tf_iq3xxs_g16[tf_lb_byte(w, b0)], m0);
       q[2 * l + 1] = tf_lb_iq3_w4<TF_IQ3XXS_LUT_P0, TF_IQ3XXS_LUT_P1, TF_IQ3XXS_LUT_N0, TF_IQ3XXS_LUT_N1>(
-          tf_iq3xxs_g16[(w >> 8) & 0xFFu], m1);
+          tf_iq3xxs_g16[tf_lb_byte(w, b0 + 1)], m1);
     }
     const float dl = tf_h2f((uint16_t)tf_ld_u16(blk)) * 0.25f * (float)(2 * (aux >> 28) + 1);
 #pragma unroll
@@ -433,10 +448,11 @@ struct F_IQ3_S {
     uint32_t q[8];
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-      const uint32_t w = a[l >> 1] >> (16 * (l & 1));
+      const uint32_t w = a[l >> 1];
+      const int b0 = 2 * (l & 1);
       const uint32_t s = sg >> (8 * l);
-      const uint32_t i1 = (w & 0xFFu) | ((qh << (8 - 2 * l)) & 0x100u);
-      const uint32_t i2 = ((w >> 8) & 0xFFu) | ((qh << (7 - 2 * l)) & 0x100u);
+      const uint32_t i1 = tf_lb_byte(w, b0) | ((qh << (8 - 2 * l)) & 0x100u);
+      const uint32_t i2 = tf_lb_byte(w, b0 + 1) | ((qh << (7 - 2 * l)) & 0x100u);
       q[2 * l] = tf_lb_iq3_w4<TF_IQ3S_LUT_P0, TF_IQ3S_LUT_P1, TF_IQ3S_LUT_N0, TF_IQ3S_LUT_N1>(
           tf_iq3s_g16[i1], tf_lb_mask_lo(s));
       q[2 * l + 1] = tf_lb_iq3_w4<TF_IQ3S_LUT_P0, TF_IQ3S_LUT_P1, TF_IQ3S_LUT_N0, TF_IQ3S_LUT_N1>(
