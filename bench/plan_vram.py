@@ -15,6 +15,17 @@ rows from the mmap. For each budget (default 16, 12, 8 GiB), in a fresh child pr
   host read bandwidth measured in the same child (numba parallel sum over 2 GiB, all threads);
   ratio = measured tok/s / (bandwidth / host bytes per token). llama.cpp partial offload of the
   same model: 5.0 tok/s (figure given with the issue), printed beside it.
+* host profile (issue 5; the child sets TIGHTFIT_HOST_PROFILE=1 unless it is set to 0): after the
+  headline decode (not profiled), `--profile-tokens` more steps per thread count of
+  `--profile-threads` (0 = numba's pool, -1 = pool - 1, ...), each after one warm-up step, with
+  tightfit.model.placed.HostProfile: per token ms and % in embed / x_d2h / x_wait / x_quant /
+  kernel / gemv_other / copy_back / gpu_tail / other, host calls and bytes per call, kernel GB/s
+  per call and by kernel type, "kernel-only GB/s" (host bytes / kernel time); getrusage and
+  cgroup cpu.stat deltas (context switches, page faults, throttling) over the profiled steps;
+  threading facts (numba layer and threads, torch threads, OMP/MKL/... env, cpu count, affinity,
+  cgroup cpu.max, SMT siblings, transparent huge pages); and an A/B of the largest and the
+  slowest host group on the mmap rows vs an anonymous copy of the same bytes (page cache 4 KiB
+  pages vs anonymous memory). All in the JSON ("host_profile"), the tables printed.
 
 Device run (wheels as in bench/e2e.py's docstring):
   run(carry=[".whl"]): python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir
@@ -22,7 +33,8 @@ Device run (wheels as in bench/e2e.py's docstring):
     PYTHONUNBUFFERED=1 timeout 580 python3 bench/plan_vram.py --out $OUT
 
 Usage: python bench/plan_vram.py [--budgets 16GiB,12GiB,8GiB] [--ctx 4096] [--tokens 16]
-       [--layers N] [--path /tmp/seedmix.gguf] [--out DIR]
+       [--layers N] [--path /tmp/seedmix.gguf] [--out DIR] [--profile-tokens 6]
+       [--profile-threads 0,-1]
 """
 from __future__ import annotations
 
@@ -67,6 +79,157 @@ def host_read_bw(n: int = 2 << 30) -> float:
     return 3 * n / (time.perf_counter() - t0)
 
 
+ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NUMBA_", "TIGHTFIT_", "TORCH_",
+                "CUDA_", "PYTORCH_")
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def cgroup_cpu_stat() -> dict[str, int]:
+    out: dict[str, int] = {}
+    txt = _read("/sys/fs/cgroup/cpu.stat") or ""
+    for line in txt.splitlines():
+        k, _, v = line.partition(" ")
+        if v.strip().isdigit():
+            out[k] = int(v)
+    return out
+
+
+def rusage() -> dict[str, float]:
+    import resource
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return {"utime_s": r.ru_utime, "stime_s": r.ru_stime, "minflt": r.ru_minflt,
+            "majflt": r.ru_majflt, "nvcsw": r.ru_nvcsw, "nivcsw": r.ru_nivcsw}
+
+
+def threading_facts() -> dict:
+    """Contention suspects: who else runs threads in this process, and on how many CPUs."""
+    import numba
+    import torch
+    from tightfit.kernels import cpu_gemv
+    f: dict = {"numba_layer": numba.threading_layer(), "numba_threads": numba.get_num_threads(),
+               "numba_pool": numba.config.NUMBA_NUM_THREADS, "cpu_gemv_threads": cpu_gemv.n_threads(),
+               "cpu_gemv_avx512": bool(cpu_gemv._A.ENABLED), "cpu_gemv_simd": list(cpu_gemv.SIMD),
+               "torch_threads": torch.get_num_threads(),
+               "torch_interop_threads": torch.get_num_interop_threads(),
+               "os_cpu_count": os.cpu_count(), "affinity_cpus": len(os.sched_getaffinity(0)),
+               "cgroup_cpu_max": _read("/sys/fs/cgroup/cpu.max"),
+               "smt_siblings_cpu0": _read("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list"),
+               "numa_nodes": _read("/sys/devices/system/node/online"),
+               "thp": _read("/sys/kernel/mm/transparent_hugepage/enabled"),
+               "env": {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}}
+    try:
+        f["torch_parallel_info"] = torch.__config__.parallel_info()
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        f["process_threads"] = len(os.listdir("/proc/self/task"))
+    except OSError:
+        pass
+    return f
+
+
+def _decode(exe, st, n: int, tok: int = 3) -> float:
+    """n greedy steps as the headline loop runs them; seconds per token."""
+    import torch
+    if exe.device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        exe.step_token(tok, st, head=True)
+        tok = int(torch.argmax(exe.logits[0]))
+    st.sync()
+    return (time.perf_counter() - t0) / n
+
+
+def mmap_vs_anon(exe, groups, reps: int = 5) -> list[dict]:
+    """The same host group's kernel on its mmap rows (page cache) and on an anonymous copy."""
+    import numpy as np
+    from tightfit.kernels.cpu_gemv import Group
+    out = []
+    for names in groups:
+        G = exe._hgroups.get(tuple(names))
+        if G is None:
+            continue
+        x = np.random.default_rng(0).standard_normal(G.group.k).astype(np.float32)
+        y = np.empty(G.n_rows, np.float32)
+
+        def med(g) -> float:
+            g.gemv(x, out=y)
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter_ns()
+                g.gemv(x, out=y)
+                ts.append(time.perf_counter_ns() - t0)
+            return float(np.median(ts))
+        t_map = med(G.group)
+        anon = Group([(np.array(h.w), h.qtype) for h in G.rows])    # np.array: a private copy
+        t_anon = med(anon)
+        del anon
+        out.append({"names": list(names), "bytes": G.nbytes, "mmap_ms": t_map / 1e6,
+                    "anon_ms": t_anon / 1e6, "mmap_GBps": G.nbytes / t_map,
+                    "anon_GBps": G.nbytes / t_anon})
+    return out
+
+
+def host_profile_runs(exe, st, args) -> dict:
+    """The profiled decode (see the module docstring)."""
+    from tightfit.kernels import cpu_gemv
+    from tightfit.model.placed import HostProfile
+    prof = exe.host_profile
+    res: dict = {"facts": threading_facts(), "runs": []}
+    pool = cpu_gemv.n_threads()
+    want = []
+    for v in str(args.profile_threads).split(","):
+        n = int(v)
+        n = pool if n == 0 else (pool + n if n < 0 else n)
+        if 1 <= n and n not in want:
+            want.append(n)
+    exe.host_profile = prof
+    try:
+        for n in want:
+            cpu_gemv.set_threads(n)
+            _decode(exe, st, 1)                    # warm-up (the group plans of this count)
+            prof.reset()
+            ru0, cg0 = rusage(), cgroup_cpu_stat()
+            sec = _decode(exe, st, args.profile_tokens)
+            ru1, cg1 = rusage(), cgroup_cpu_stat()
+            k = max(1, len(prof.tokens))
+            s = prof.summary()
+            s.update(threads=n, ms_per_token_outside=sec * 1e3,
+                     rusage_per_token={key: (ru1[key] - ru0[key]) / k for key in ru0},
+                     cgroup_cpu_stat_delta={key: cg1[key] - cg0.get(key, 0) for key in cg1})
+            s["table"] = f"[{n} threads, {sec * 1e3:.1f} ms/token measured outside]\n" + \
+                HostProfile.table(s)
+            res["runs"].append(s)
+            print(s["table"], flush=True)
+            print(f"per token: {s['rusage_per_token']}; cgroup: {s['cgroup_cpu_stat_delta']}",
+                  flush=True)
+        cpu_gemv.set_threads(pool)
+        first = res["runs"][0] if res["runs"] else {}
+        groups = []
+        if exe._hgroups:
+            big = max(exe._hgroups.items(), key=lambda kv: kv[1].nbytes)[0]
+            groups.append(list(big))
+        for c in first.get("slowest_calls", [])[:2]:
+            if c["names"] not in groups:
+                groups.append(c["names"])
+        res["mmap_vs_anon"] = ab = mmap_vs_anon(exe, groups)
+        for a in ab:
+            print(f"A/B {'+'.join(a['names'])}: {a['bytes'] / 1e6:.1f} MB, mmap {a['mmap_ms']:.2f} ms"
+                  f" ({a['mmap_GBps']:.1f} GB/s), anonymous copy {a['anon_ms']:.2f} ms "
+                  f"({a['anon_GBps']:.1f} GB/s)", flush=True)
+    finally:
+        cpu_gemv.set_threads(pool)
+        exe.host_profile = None
+    return res
+
+
 def drop_page_cache(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -78,6 +241,9 @@ def drop_page_cache(path: str) -> None:
 
 def one(args: argparse.Namespace) -> dict:
     """One budget, in this (fresh) process."""
+    # read once when tightfit.model.placed is imported (below): the executor then holds a
+    # HostProfile, attached only for the profiled decode after the headline one
+    os.environ.setdefault("TIGHTFIT_HOST_PROFILE", "1")
     import torch
 
     from tightfit.api import open_model
@@ -112,6 +278,7 @@ def one(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     exe = GPUModel.from_model_file(mf, device="cuda", n_ctx=args.ctx, plan=plan, lazy_check=True,
                                    progress=False)
+    prof, exe.host_profile = exe.host_profile, None     # the headline decode is not profiled
     torch.cuda.synchronize()
     r["load_s"] = time.perf_counter() - t0
     up = exe.placed.upload
@@ -127,14 +294,7 @@ def one(args: argparse.Namespace) -> dict:
     r["prefill_tok_s"] = len(prompt) / (time.perf_counter() - t0)
     exe.forward([1], st, logits="last")          # graph capture / warm-up of the step path
     st.sync()
-    tok = 3
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(args.tokens):
-        exe.step_token(tok, st, head=True)
-        tok = int(torch.argmax(exe.logits[0]))
-    st.sync()
-    wall = (time.perf_counter() - t0) / args.tokens
+    wall = _decode(exe, st, args.tokens)
     emb = mf.gguf.tensors["token_embd.weight"]
     host_bytes = exe.host_weight_bytes + (emb.row_bytes if plan.host_embd else 0)
     r.update(tok_s=1 / wall, ms_per_token=wall * 1e3, host_bytes_per_token=host_bytes,
@@ -146,6 +306,17 @@ def one(args: argparse.Namespace) -> dict:
     if host_bytes:
         r["host_roofline_tok_s"] = bw / host_bytes
         r["host_roofline_ratio"] = r["tok_s"] / r["host_roofline_tok_s"]
+    if prof is not None and exe.hostw and args.profile_tokens > 0:
+        exe.host_profile = prof
+        try:
+            r["host_profile"] = host_profile_runs(exe, st, args)
+        except Exception as e:  # noqa: BLE001 - keep the headline figures
+            import traceback
+            traceback.print_exc()
+            r["host_profile"] = {"error": f"{type(e).__name__}: {e}"}
+    else:
+        r["host_profile"] = {"skipped": "no host rows" if prof is not None else
+                             "TIGHTFIT_HOST_PROFILE=0", "facts": threading_facts()}
     r.update(proc_status())
     r["file_bytes"] = os.path.getsize(args.path)
     return r
@@ -177,6 +348,10 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--path", default="/tmp/seedmix.gguf")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--profile-tokens", type=int, default=6,
+                    help="profiled decode steps per thread count (0: no host profile)")
+    ap.add_argument("--profile-threads", default="0,-1",
+                    help="host thread counts of the profiled decode: 0 = numba's pool, -1 = pool-1")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -197,7 +372,9 @@ def main() -> int:
     for b in args.budgets.split(","):
         child = out / f"plan_vram_{b}.json"
         cmd = [sys.executable, __file__, "--one", b, "--ctx", str(args.ctx), "--tokens",
-               str(args.tokens), "--path", args.path, "--child-out", str(child)]
+               str(args.tokens), "--path", args.path, "--child-out", str(child),
+               "--profile-tokens", str(args.profile_tokens),
+               "--profile-threads", args.profile_threads]
         t0 = time.time()
         subprocess.run(cmd, check=False)
         r = json.loads(child.read_text()) if child.exists() else {"budget": b, "error": "no result"}
@@ -220,6 +397,18 @@ def main() -> int:
               f"{r['load_s']:>6.1f} {r['upload_GBps']:>7.2f} {r.get('VmHWM', 0) / G:>7.2f} "
               f"{r.get('RssAnon', 0) / G:>5.2f} {r['tok_s']:>6.2f} "
               f"{r.get('host_roofline_ratio', float('nan')):>5.2f} {LLAMA_PARTIAL_TOK_S:>9.1f}")
+    for r in res["runs"]:
+        hp = r.get("host_profile") or {}
+        for run in hp.get("runs", []):
+            print(f"\n== host profile, {r['budget']} ==\n{run['table']}")
+        for a in hp.get("mmap_vs_anon", []):
+            print(f"A/B {'+'.join(a['names'])}: mmap {a['mmap_GBps']:.1f} GB/s, anonymous copy "
+                  f"{a['anon_GBps']:.1f} GB/s ({a['bytes'] / 1e6:.1f} MB)")
+        if hp.get("facts"):
+            f = hp["facts"]
+            print(f"threads: numba {f['numba_layer']} {f['numba_threads']} (pool {f['numba_pool']}),"
+                  f" torch {f['torch_threads']}, cpus {f['os_cpu_count']} (affinity "
+                  f"{f['affinity_cpus']}, cgroup {f['cgroup_cpu_max']}), env {f['env']}")
     return 0
 
 

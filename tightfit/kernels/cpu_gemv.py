@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import numba
@@ -213,6 +214,16 @@ def _grids() -> dict[int, tuple[np.ndarray, np.ndarray]]:
 _GRIDS = _grids()
 _IQ = _K.iq_tables(_GRIDS, _KV4)
 _tls = threading.local()
+#: timing sink (tightfit.model.placed.HostProfile) while a profiled decode step runs, else None:
+#: the only cost of the hooks below when profiling is off is this one test per call
+_PROF = None
+
+
+def set_profile(sink) -> None:
+    """Report x-quantization and kernel times to `sink` (gemv_quant(t0), gemv_kernel(label,
+    nbytes, t0)); None stops it."""
+    global _PROF
+    _PROF = sink
 #: types run by the AVX2 kernel gemv_simd (empty without AVX2, or with TIGHTFIT_CPU_SIMD=0 for A/B
 #: timing against the portable gemv_int / gemv_iq kernels)
 SIMD = _K.SIMD_TYPES if os.environ.get("TIGHTFIT_CPU_SIMD", "1") != "0" else ()
@@ -328,6 +339,9 @@ def gemv(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = None
     y2 = y.reshape(B, M)
     if M == 0:
         return y2[0] if vec else y2
+    p = _PROF
+    if p is not None:
+        t0 = time.perf_counter_ns()
     if qtype in _K.INT_TYPES or qtype in _K.F32_TYPES or qtype in _T.TQ_TYPES:
         if not w.flags.c_contiguous:
             w = np.ascontiguousarray(w)   # rows must be dense; an mmap row range already is
@@ -338,15 +352,22 @@ def gemv(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = None
         # longer holds up the whole call as with numba's static equal split
         prev = _chunksize(max(16, M // (8 * _threads)))
         try:
+            if p is not None:
+                t0 = time.perf_counter_ns()
             _run(qtype, w, x2, y2, s)
         finally:
             _chunksize(prev)
+        kind = "gemv"
     elif qtype == F32:
         y2[:] = x2 @ w.view(np.float32).T
+        kind = "gemv"
     else:
         for r0 in range(0, M, fallback_rows):
             blk = _dequant_rows(w[r0:r0 + fallback_rows], qtype)
             y2[:, r0:r0 + blk.shape[0]] = x2 @ blk.T
+        kind = "fallback"
+    if p is not None:              # a per-matrix call: its x quantization counts as kernel
+        p.gemv_kernel((kind, (qtype,)), w.nbytes, t0)
     return y2[0] if vec else y2
 
 
@@ -444,18 +465,33 @@ class Group:
             if numba.get_num_threads() != _threads:
                 numba.set_num_threads(_threads)
             s = _scratch(B, K)
+            p = _PROF
+            if p is not None:
+                t0 = time.perf_counter_ns()
             _K.quantize_act(x2, s.xq, s.xd, s.xs)
+            if p is not None:
+                p.gemv_quant(t0)
             prev = _chunksize(1)
             try:
                 if idx:
                     ws, qts, cols, cm, c0, c1 = self._plan(idx)
+                    if p is not None:
+                        t0 = time.perf_counter_ns()
                     _SIMD_GRP(ws, qts, cols, cm, c0, c1, s.xq, s.xd, s.xs, y2, _F16,
                                        s.ssc)
+                    if p is not None:
+                        p.gemv_kernel(("group", tuple(self.qtypes[i] for i in idx)),
+                                      sum(self.ws[i].nbytes for i in idx), t0)
                 if tq:
                     ws, qts, cols, cm, c0, c1 = self._plan(tq)
+                    if p is not None:
+                        t0 = time.perf_counter_ns()
                     _T.block_sums(s.xs, s.xb)
                     kern = _T.gemv_tq_group_simd if TQ_SIMD else _T.gemv_tq_group
                     kern(ws, qts, cols, cm, c0, c1, s.xq, s.xd, s.xb, y2, _F16)
+                    if p is not None:
+                        p.gemv_kernel(("tq_group", tuple(self.qtypes[i] for i in tq)),
+                                      sum(self.ws[i].nbytes for i in tq), t0)
             finally:
                 _chunksize(prev)
         for i, (w, qt) in enumerate(zip(self.ws, self.qtypes)):

@@ -41,6 +41,9 @@ prefix runs; only activations cross PCIe). The KV cache (in the plan's format, f
 quantized), recurrent banks and status word of the first live state are arena views too. MTP
 blocks are never loaded. With host matrix rows the step is not captured as a CUDA graph (host
 work sits between kernels).
+TIGHTFIT_HOST_PROFILE=1 (read once at import of tightfit.model.placed): `host_profile`, a
+host_profile.HostProfile timing each uncaptured step_token in buckets (embedding, x to the host,
+x quantization, kernels, copies back, GPU tail, the rest); None otherwise (no timing call).
 
 Workspace: every step buffer (activations, logits, token id + argmax partials + id ring, RoPE
 tables, split-K partials, KV-quant rotation/codebooks, int8 GEMV inputs, decoded non-F32
@@ -225,9 +228,14 @@ class GPUModel:
             if name not in tensors:
                 raise UserError(f"model file lacks tensor {name}")
         self.placed = None
+        #: placed.HostProfile with TIGHTFIT_HOST_PROFILE=1 (placed path), else None; set it to
+        #: None to stop profiling, back to the object to resume
+        self.host_profile = None
         if plan is not None:
-            from tightfit.model.placed import Placed
-            self.placed = Placed(plan, model_file, dev, needed, progress=progress)
+            from tightfit.model import placed as _placed
+            self.placed = _placed.Placed(plan, model_file, dev, needed, progress=progress)
+            if _placed.HOST_PROFILE:
+                self.host_profile = _placed.HostProfile()
         self._carve_workspace(plan, tensors, needed)
         from tightfit.model.weights import dequantize_tensor
         for name in needed:
@@ -475,7 +483,12 @@ class GPUModel:
         host = [(name, out) for name, out in pairs if name in self.hostw]
         if host:
             from tightfit.model.placed import to_host_async
+            prof = self.host_profile           # None unless TIGHTFIT_HOST_PROFILE=1
+            if prof is not None:
+                t = prof.now()
             xh, ev = to_host_async(x, self._io, ("x", x.data_ptr()))
+            if prof is not None:
+                prof.lap("x_d2h", t)
         acts: dict = {}
         gm = _gemv_mod()
         from tightfit.kernels.gemv_route import gemv_act
@@ -499,21 +512,33 @@ class GPUModel:
                 L.ref(x, o)
         if not host:
             return
+        if prof is not None:
+            t = prof.now()
         if ev is not None:
             ev.synchronize()                   # x is on the host; the GPU parts keep running
+        if prof is not None:
+            t = prof.lap("x_wait", t)
         names = tuple(name for name, _ in host)
         G = self._hgroups.get(names)
         if G is None:                          # ONE parallel CPU call for all host rows on x
             from tightfit.model.placed import HostGroup
             G = self._hgroups[names] = HostGroup([self.hostw[n] for n in names])
         key = ("y",) + names
+        if prof is not None:
+            t = prof.now()
         buf = self._io.get(key, (1, G.n_rows)) if self._io is not None else None
+        if prof is not None:
+            t = prof.lap("copy_back", t)
         y = G.gemv(xh, out=None if buf is None else buf.numpy())
+        if prof is not None:
+            t = prof.host_call(names, G.nbytes, t)
         y = buf if buf is not None else torch.from_numpy(y.reshape(1, -1))   # pinned: async copies
         for (name, out), (a, b) in zip(host, G.spans):
             out.view(1, -1)[:, self.hostw[name].row_start:].copy_(y[:, a:b], non_blocking=True)
         if buf is not None:
             self._io.recorded(key)
+        if prof is not None:
+            prof.host_done(prof.lap("copy_back", t))
 
     # ---- embedding ----------------------------------------------------------------------------
     def _device_embedding(self, want: bool | None = None):
@@ -715,6 +740,8 @@ class GPUModel:
             g = self._graph(st, mode, head, feed)
             self._load_embedding(tok)
             g.replay()
+        elif self.host_profile is not None:    # TIGHTFIT_HOST_PROFILE=1: timed, synchronized
+            self.host_profile.step(self, tok, st, mode, head, feed)
         else:
             self._load_embedding(tok)
             self._step(st, mode, head, feed)

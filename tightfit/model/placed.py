@@ -23,6 +23,9 @@ whose KV cache, recurrent banks and status word are views of the arena's regions
 Plan helpers (wrappers, no change to tightfit.plan): `plan_for(path, ctx, vram)` (parse the
 budget, `auto` = what the device reports free, plan, require_fit), and `replace_host_rows(plan,
 host_rows)`, a plan with a placement of chosen host suffixes (tests and benchmarks).
+
+`HostProfile` (TIGHTFIT_HOST_PROFILE=1, tightfit.model.host_profile): per-token wall-time breakdown
+of the placed decode step.
 """
 from __future__ import annotations
 
@@ -158,6 +161,10 @@ def to_host_async(x: torch.Tensor, io: PinnedIO | None, key: tuple):
     buf = io.get(key, tuple(x.shape))
     buf.copy_(x, non_blocking=True)
     return buf.numpy(), io.recorded(key)
+
+
+# the per-token host profile lives in tightfit.model.host_profile (re-exported here)
+from tightfit.model.host_profile import HOST_PROFILE, HostProfile  # noqa: E402,F401
 
 
 # ---- the placed weights ----------------------------------------------------------------------
