@@ -14,7 +14,9 @@ NumPy dequantizer `fallback_rows` rows at a time, never the whole matrix.
 `Group` runs several matrices that read the same x (a layer's host rows on one input) in ONE
 parallel call: x quantized once, the rows of all of them in byte-balanced chunks, each row
 bit-identical to `gemv`'s (tightfit.model.placed.HostGroup, the executor's host branch).
-The ternary matrices (TQ2_0/TQ1_0) of a group run in a second such call, sharing the quantized x.
+The ternary matrices (TQ2_0/TQ1_0) of a group run in a second such call, and all its other
+low-bit matrices (IQ2_S/IQ2_XS/IQ3_XXS/IQ3_S/Q2_K/Q3_K: the portable kernels) in a third
+(cpu_gemv_lowbit.gemv_lowbit_group), all sharing the quantized x.
 
 `decode_rows` decodes whole rows to fp32 with the per-block formulas of spec §2.3 below.
 """
@@ -31,6 +33,7 @@ from numba import njit, prange
 from tightfit.kernels import cpu_gemv_kern as _K
 from tightfit.kernels import cpu_gemv_ternary as _T
 from tightfit.kernels import cpu_gemv_avx512 as _A
+from tightfit.kernels import cpu_gemv_lowbit as _L
 
 #: AVX-512 VNNI twins of gemv_simd / gemv_simd_group where the host has avx512f/bw/vnni (2-3x the
 #: AVX2 kernels per thread on Zen 4); TIGHTFIT_CPU_AVX512=0 keeps the AVX2 ones
@@ -213,6 +216,7 @@ def _grids() -> dict[int, tuple[np.ndarray, np.ndarray]]:
 
 _GRIDS = _grids()
 _IQ = _K.iq_tables(_GRIDS, _KV4)
+_IQT = _L.iq_tuple(_IQ)
 _tls = threading.local()
 #: timing sink (tightfit.model.placed.HostProfile) while a profiled decode step runs, else None:
 #: the only cost of the hooks below when profiling is off is this one test per call
@@ -378,8 +382,11 @@ class Group:
     dynamically) and every chunk writes its own matrix's columns of one output (B, n_out), matrix
     i at columns spans[i]. Each row is computed exactly as `gemv` computes it (the same block
     code and running sum: bit-identical). The ternary matrices (TQ2_0, TQ1_0) run the same way
-    in one call of their own grouped kernel (gemv_tq_group). Matrices neither grouped kernel runs
-    (other types, or the K-quants past SIMD_MAX_BATCH_K) go through `gemv` one by one.
+    in one call of their own grouped kernel (gemv_tq_group), and the low-bit types IQ2_S, IQ2_XS,
+    IQ3_XXS, IQ3_S, Q2_K, Q3_K in one call of gemv_lowbit_group (gemv_int / gemv_iq's row code).
+    Matrices none of them runs (the 32-element types, the NumPy-fallback types, and the SIMD
+    types where gemv_simd does not run them, e.g. the K-quants past SIMD_MAX_BATCH_K) go through
+    `gemv` one by one.
 
     mats: (raw rows (M, row_bytes) uint8, ggml type) per matrix, all of the same K."""
 
@@ -419,6 +426,10 @@ class Group:
     def _ternary(self) -> tuple[int, ...]:
         return tuple(i for i, qt in enumerate(self.qtypes) if self.ws[i].shape[0]
                      and qt in _T.TQ_TYPES)
+
+    def _lowbit(self) -> tuple[int, ...]:
+        return tuple(i for i, qt in enumerate(self.qtypes) if self.ws[i].shape[0]
+                     and qt in _L.LOWBIT_TYPES)
 
     def _plan(self, idx: tuple[int, ...]):
         """(typed list of the matrices, types, output columns, chunk matrix/row0/row1) for the
@@ -460,8 +471,8 @@ class Group:
         if not y.flags.c_contiguous or y.size != B * self.n_out:
             raise ValueError(f"out must be a C-contiguous array of {B} x {self.n_out} floats")
         y2 = y.reshape(B, self.n_out)
-        idx, tq = self._grouped(B), self._ternary()
-        if idx or tq:
+        idx, tq, lb = self._grouped(B), self._ternary(), self._lowbit()
+        if idx or tq or lb:
             if numba.get_num_threads() != _threads:
                 numba.set_num_threads(_threads)
             s = _scratch(B, K)
@@ -492,10 +503,20 @@ class Group:
                     if p is not None:
                         p.gemv_kernel(("tq_group", tuple(self.qtypes[i] for i in tq)),
                                       sum(self.ws[i].nbytes for i in tq), t0)
+                if lb:
+                    ws, qts, cols, cm, c0, c1 = self._plan(lb)
+                    if p is not None:
+                        t0 = time.perf_counter_ns()
+                    _L.gemv_lowbit_group(ws, qts, cols, cm, c0, c1, s.xq, s.xd, s.xs, y2,
+                                         _F16, _IQT, s.buf, s.mins, s.b8, s.b64, s.sc, s.sc64,
+                                         s.acc)
+                    if p is not None:
+                        p.gemv_kernel(("lowbit_group", tuple(self.qtypes[i] for i in lb)),
+                                      sum(self.ws[i].nbytes for i in lb), t0)
             finally:
                 _chunksize(prev)
         for i, (w, qt) in enumerate(zip(self.ws, self.qtypes)):
-            if i in idx or i in tq:
+            if i in idx or i in tq or i in lb or not w.shape[0]:
                 continue
             a, b = self.spans[i]
             if B == 1:

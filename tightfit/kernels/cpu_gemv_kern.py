@@ -22,6 +22,8 @@ Speed rules learnt on numba 0.68 / LLVM (keep them when editing):
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import numba
 from numba import njit, prange
@@ -183,29 +185,20 @@ def _decode(qt, w, buf, mins, tab):
     return _dec_q2_k(w, buf, mins, tab)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def gemv_int(qt, w, xq, xd, xs, y, tab, sbuf, smin, sacc):
-    """y[b, r] = row r of the raw 256-block K-quant matrix w (M, row_bytes) times activation b.
-
-    xq (B, K) int8, xd (B, K/256) fp32, xs (B, K/16) int32: see the module docstring.
-    sbuf (T, 256) int16, smin (T, 16) int16, sacc (T, B) fp32: per-thread scratch (T = pool size).
-    """
-    M = w.shape[0]
-    B = xq.shape[0]
-    nb = xq.shape[1] // 256
-    mins_used = qt == Q2_K or qt == Q4_K or qt == Q5_K
-    ts = w.shape[1] // nb
-    for r in prange(M):
-        tid = numba.get_thread_id()
-        buf = sbuf[tid]
-        mins = smin[tid]
-        acc = sacc[tid]
+def make_row_int(decode):
+    """The row body of gemv_int over the K-quant decoder dispatch `decode` (cpu_gemv_lowbit builds
+    it over Q2_K/Q3_K only: less to compile, the same code per type, the same bits)."""
+    @njit(inline="always")
+    def row_int(qt, wr, ts, xq, xd, xs, tab, buf, mins, acc):
+        """acc[0:B] = raw K-quant row wr (nb blocks of ts bytes) times each activation row."""
+        B = xq.shape[0]
+        nb = xq.shape[1] // 256
+        mins_used = qt == Q2_K or qt == Q4_K or qt == Q5_K
         for b in range(B):
             acc[b] = 0.0
-        wr = w[r]
         for ib in range(nb):
             # a view of the block: its indices are then literals + loop counters, provably >= 0
-            f, dmin = _decode(qt, wr[ib * ts:ib * ts + ts], buf, mins, tab)
+            f, dmin = decode(qt, wr[ib * ts:ib * ts + ts], buf, mins, tab)
             for b in range(B):
                 isum = np.int32(0)
                 for t in range(256):
@@ -217,6 +210,26 @@ def gemv_int(qt, w, xq, xd, xs, y, tab, sbuf, smin, sacc):
                         msum = np.int32(msum + np.int32(mins[s]) * xs[b, 16 * ib + s])
                     v -= dmin * np.float32(msum)
                 acc[b] += xd[b, ib] * v
+    return row_int
+
+
+row_int = make_row_int(_decode)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def gemv_int(qt, w, xq, xd, xs, y, tab, sbuf, smin, sacc):
+    """y[b, r] = row r of the raw 256-block K-quant matrix w (M, row_bytes) times activation b.
+
+    xq (B, K) int8, xd (B, K/256) fp32, xs (B, K/16) int32: see the module docstring.
+    sbuf (T, 256) int16, smin (T, 16) int16, sacc (T, B) fp32: per-thread scratch (T = pool size).
+    """
+    M = w.shape[0]
+    B = xq.shape[0]
+    ts = w.shape[1] // (xq.shape[1] // 256)
+    for r in prange(M):
+        tid = numba.get_thread_id()
+        acc = sacc[tid]
+        row_int(qt, w[r], ts, xq, xd, xs, tab, sbuf[tid], smin[tid], acc)
         for b in range(B):
             y[b, r] = acc[b]
 
@@ -468,6 +481,33 @@ def _iqdec(qt, w, b64, sc, g64, m64, p16):
     return _iqdec_iq4_xs(w, b64, sc, g64, m64, p16)
 
 
+def make_row_iq(iqdec):
+    """The row body of gemv_iq over the IQ decoder dispatch `iqdec` (as make_row_int); the
+    block's int32 dot in AVX2 IR where the host has it (_bd_codes: the same exact integer)."""
+    simd = HAVE_AVX2 and os.environ.get("TIGHTFIT_CPU_SIMD", "1") != "0"
+
+    @njit(inline="always")
+    def row_iq(qt, wr, ts, xq, xd, tab, g64, m64, p16, b8, b64, sc, sc64, acc):
+        """acc[0:B] = raw IQ row wr times each activation row (xq permuted for IQ4_XS)."""
+        B = xq.shape[0]
+        nb = xq.shape[1] // 256
+        for b in range(B):
+            acc[b] = 0.0
+        for ib in range(nb):
+            blk = wr[ib * ts:ib * ts + ts]
+            f = iqdec(qt, blk, b64, sc64, g64, m64, p16) * _f16(blk, 0, tab)
+            for b in range(B):
+                if simd:
+                    isum = _bd_codes(b8, xq[b], np.int64(256 * ib), sc)
+                else:
+                    isum = np.int32(0)
+                    for t in range(256):
+                        isum = np.int32(isum + np.int32(np.int16(b8[t]) * sc[t])
+                                        * np.int32(xq[b, 256 * ib + t]))
+                acc[b] += xd[b, ib] * (f * np.float32(isum))
+    return row_iq
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def gemv_iq(qt, w, xq, xd, y, tab, g64, m64, p16, sb8, sb64, ssc, ssc64, sacc):
     """y[b, r] for the IQ types above. sb8 (T, 256) int8 and sb64 (T, 32) uint64 are two views
@@ -475,27 +515,12 @@ def gemv_iq(qt, w, xq, xd, y, tab, g64, m64, p16, sb8, sb64, ssc, ssc64, sacc):
     the per-element scales; sacc (T, B) fp32."""
     M = w.shape[0]
     B = xq.shape[0]
-    nb = xq.shape[1] // 256
-    ts = w.shape[1] // nb
+    ts = w.shape[1] // (xq.shape[1] // 256)
     for r in prange(M):
         tid = numba.get_thread_id()
-        b8 = sb8[tid]
-        b64 = sb64[tid]
-        sc = ssc[tid]
-        sc64 = ssc64[tid]
         acc = sacc[tid]
-        for b in range(B):
-            acc[b] = 0.0
-        wr = w[r]
-        for ib in range(nb):
-            blk = wr[ib * ts:ib * ts + ts]
-            f = _iqdec(qt, blk, b64, sc64, g64, m64, p16) * _f16(blk, 0, tab)
-            for b in range(B):
-                isum = np.int32(0)
-                for t in range(256):
-                    isum = np.int32(isum + np.int32(np.int16(b8[t]) * sc[t])
-                                    * np.int32(xq[b, 256 * ib + t]))
-                acc[b] += xd[b, ib] * (f * np.float32(isum))
+        row_iq(qt, w[r], ts, xq, xd, tab, g64, m64, p16, sb8[tid], sb64[tid], ssc[tid],
+               ssc64[tid], acc)
         for b in range(B):
             y[b, r] = acc[b]
 
@@ -572,11 +597,20 @@ def _block_dot_codegen(kind):
         lo8 = _ir.Constant(_ir.VectorType(_I32, 16), [0] * 8 + [1] * 8)
 
         def scales(c):   # <16 x i16>: sc[2c] in lanes 0-7 (the run's elements 0-15), sc[2c+1] 8-15
-            two = _load(builder, ps, 2 * c, _ir.VectorType(_I16, 2), _I16)
+            if kind == 0:    # per-element scales: those of elements 32c and 32c + 16
+                two = _ir.Constant(_ir.VectorType(_I16, 2), None)
+                for i in range(2):
+                    v = builder.load(builder.gep(ps, [_ir.Constant(_I64, 32 * c + 16 * i)],
+                                                 source_etype=_I16), typ=_I16)
+                    two = builder.insert_element(two, v, _ir.Constant(_I32, i))
+            else:
+                two = _load(builder, ps, 2 * c, _ir.VectorType(_I16, 2), _I16)
             return builder.shuffle_vector(two, two, lo8)
 
         codes = []       # (chunk c, <32 x i8> codes, signed?)
-        if kind == IQ4_XS:
+        if kind == 0:    # gemv_iq's decoded signed codes (|code| <= 62), blk = the int8 buffer
+            codes = [(j, _load(builder, pw, 32 * j, _V32B), True) for j in range(8)]
+        elif kind == IQ4_XS:
             pshufb = _cg.get_or_insert_function(mod, _ir.FunctionType(_V32B, [_V32B, _V32B]),
                                                 "llvm.x86.avx2.pshuf.b")
             kv = [int(v) for v in (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53,
@@ -636,6 +670,10 @@ _bd_iq4_xs = _make_block_dot(IQ4_XS)
 _bd_q4_k = _make_block_dot(Q4_K)
 _bd_q5_k = _make_block_dot(Q5_K)
 _bd_q6_k = _make_block_dot(Q6_K)
+#: (b8 int8[256] signed codes, xq row, xoff, sc int16[256] per-element scales) -> int32: the
+#: IQ grid types' block dot of gemv_iq (sc constant over each 16, as their decoders fill it)
+_bd_codes = _make_block_dot(0)
+row_iq = make_row_iq(_iqdec)
 
 
 @njit(inline="always")
