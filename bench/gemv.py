@@ -5,7 +5,7 @@
 Implementations (--impls): v1 (gemv_kernel.py, dp4a), v2 (gemv2.py, int8 tensor cores, raw GGUF
 blocks), v2p (v2 on the planar re-layout, gemv2_layout.relayout), v2n1 / v2n1p (v2's dp4a
 small-N path, gemv2_small.py, raw / planar; N <= 2 only, other N are skipped), cu (CUDA C++
-kernel, gemv_cuda.py, raw blocks, every type it supports, N <= 16; config keys wpr, kern=v1|v2|v2h|v3|v4|auto), e.g.
+kernel, gemv_cuda.py, raw blocks, every type it supports, N <= 16; config keys wpr, kern=v2|v2h|v3|v4|auto), e.g.
   python3 bench/gemv.py --out $OUT --impls v1,v2,v2n1,v2n1p --ns 1,2,8
 --configs applies to every implementation (keys R, KB, SPLIT, num_warps, U).
 (A lanes-along-K variant, "v3", was measured 1.1-2x slower on the FFN shapes and removed: bench/RESULTS.md.)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Registers / spills of every CUDA GEMV instantiation (nvcc -cubin -Xptxas -v, offline, no GPU).
 
-    python3 scripts/cuda_gemv_report.py [--arch sm_90] [--main-only] [--kern auto|v1|v2|v2h|v3]
+    python3 scripts/cuda_gemv_report.py [--arch sm_90] [--main-only] [--kern auto|v2|v2h|v3|v4]
 
 "auto" (the default kernel choice) reports each module it launches: v2h and v3.
 """

@@ -38,7 +38,7 @@ _geom: dict[tuple, tuple] = {}
 _streams: dict[int, object] = {}
 
 
-KERNS = ("auto", "v1", "v2", "v2h", "v3", "v4")
+KERNS = ("auto", "v2", "v2h", "v3", "v4")
 # Measured on the H200 (bench/RESULTS.md session 4 calls 1 and 4, % of copy bandwidth at
 # 5120->17408 / 17408->5120): at N = 1, v2h lifts IQ4_XS from 46/42 % (v1) to 51/51 % and Q5_K
 # 17408->5120 from 57 to 62 %, the other formats within +-2 %; tf_gemv4 lifts IQ4_XS further to
@@ -53,7 +53,7 @@ V3_MIN_OUT = 4096
 
 def _kern(config: dict | None = None) -> str:
     """Kernel variant: config["kern"], else env TIGHTFIT_CU_GEMV, else DEFAULT_KERN.
-    v1: the previous kernel + dot bodies (source compiled with TF_GEMV_V1=1, tf_gemv).
+    (v1, the session-3 dot bodies, measured no faster than v2h on any format and was removed.)
     v2: tf_gemv2 (block loop with fixed part, two-phase load/compute for IQ4_XS / Q5_K, U=4 at
         NC <= 2 for those, cheaper IQ4 lookup). v2h: v2, but NC = 1 uses tf_gemv2h (min 4
         CTAs/SM, <= 64 registers: ptxas keeps the U items' loads hoisted).
@@ -85,9 +85,9 @@ def module_kerns(kern: str) -> tuple[str, ...]:
 
 
 def _prefix(kern: str) -> str:
-    """Defines prepended to the source: v1 -> the v1 dot bodies; v3 -> TF_CSE_FRIENDLY (tf_dp4a /
+    """Defines prepended to the source: v3 -> TF_CSE_FRIENDLY (tf_dp4a /
     tf_h2f without volatile asm, so NVVM can merge the identical x loads of a warp's rows)."""
-    return {"v1": "#define TF_GEMV_V1 1\n", "v3": "#define TF_CSE_FRIENDLY 1\n"}.get(kern, "")
+    return {"v3": "#define TF_CSE_FRIENDLY 1\n"}.get(kern, "")
 
 
 def _source(kern: str) -> str:
@@ -196,7 +196,7 @@ def _kname(kern: str, nc: int, name: str = "") -> str:
     v3: tf_gemv3 for every format at NC >= V3_MIN_NC, else tf_gemv."""
     if _v3(kern, nc):
         return "tf_gemv3"
-    if kern in ("v1", "v3") or name not in TWO_PHASE:
+    if kern == "v3" or name not in TWO_PHASE:
         return "tf_gemv"
     if nc == 1 and kern in ("v2h", "v4"):
         return "tf_gemv4" if (kern == "v4" and name in V4_FORMATS) else "tf_gemv2h"

@@ -6,41 +6,11 @@
 
 #define TF_M4 0x0F0F0F0Fu
 
-// TF_GEMV_V1 = 1: the previous (v1) dot bodies, verbatim (gemv_cuda kern "v1" defines it).
-#ifndef TF_GEMV_V1
-#define TF_GEMV_V1 0
-#endif
-
 // x words of column c: 16 bytes at element offset e (e a multiple of 16)
 #define TF_X16(c, e, w) tf_ld_x16(xq + (c) * K + (e), w)
 
 // ------------------------------------------------------------------ Q8_0 (type 8)
 // d f16 @0, 32 x int8 @2.  One lane per block (34 bytes, 2-byte aligned).
-#if TF_GEMV_V1
-struct F_Q8_0 {
-  static constexpr int TYPE = 8, QK = 32, BB = 34, PARTS = 1;
-  template <int NC>
-  TF_DEV static void dot(const uint8_t* __restrict__ blk, int part, const int8_t* __restrict__ xq,
-                         const float* __restrict__ xd, const int* __restrict__ xs16, int K,
-                         float (&acc)[NC]) {
-    (void)part; (void)xs16;
-    uint32_t q[8];
-    const float d = tf_h2f((uint16_t)tf_ld_u16(blk));
-    tf_ld_words<2, 8>(blk + 2, q);
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      uint32_t x0[4], x1[4];
-      TF_X16(c, 0, x0); TF_X16(c, 16, x1);
-      int s = 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s = tf_dp4a((int)q[i], (int)x0[i], s);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s = tf_dp4a((int)q[4 + i], (int)x1[i], s);
-      acc[c] += d * xd[c * (K / 32)] * (float)s;
-    }
-  }
-};
-#else
 // load/compute split (Raw): the v3 kernel loads every item of a chunk first and then runs compute<1>
 // column by column for all its rows, reusing each column's x words across the rows.
 struct F_Q8_0 {
@@ -78,7 +48,6 @@ struct F_Q8_0 {
     compute<NC>(r, part, xq, xd, xs16, K, acc);
   }
 };
-#endif
 
 // ------------------------------------------------------------------ Q4_0 (type 2)
 // d f16 @0, qs[16] @2: byte j low nibble = element j, high nibble = element j+16; w = d*(q-8).
@@ -244,35 +213,6 @@ struct F_IQ4_NL {
 // d f16 @0, scales_h u16 @2, scales_l[4] @4, qs[128] @8 (16 bytes per 32-sub-block, IQ4_NL order).
 // Sub-block ib scale: ls = ((scales_l >> 4ib) & 15) | (((scales_h >> 2ib) & 3) << 4); dl = d*(ls-32).
 // Part = sub-block (16 bytes of qs per lane).
-#if TF_GEMV_V1
-struct F_IQ4_XS {
-  static constexpr int TYPE = 23, QK = 256, BB = 136, PARTS = 8;
-  template <int NC>
-  TF_DEV static void dot(const uint8_t* __restrict__ blk, int part, const int8_t* __restrict__ xq,
-                         const float* __restrict__ xd, const int* __restrict__ xs16, int K,
-                         float (&acc)[NC]) {
-    (void)xs16;
-    uint32_t h[2], w[4];
-    tf_ld_words<8, 2>(blk, h);          // d | scales_h << 16, scales_l
-    tf_ld_words<8, 4>(blk + 8 + 16 * part, w);
-    int ls = (int)(((h[1] >> (4 * part)) & 15u) | (((h[0] >> (16 + 2 * part)) & 3u) << 4));
-    float dl = tf_h2f((uint16_t)h[0]) * (float)(ls - 32);
-    uint32_t lo[4], hi[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) tf_iq4_word(w[i], lo[i], hi[i]);
-    const int e = 32 * part;
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      uint32_t x0[4], x1[4];
-      TF_X16(c, e, x0); TF_X16(c, e + 16, x1);
-      int s = 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) { s = tf_dp4a((int)lo[i], (int)x0[i], s); s = tf_dp4a((int)hi[i], (int)x1[i], s); }
-      acc[c] += dl * xd[c * (K / 32) + part] * (float)s;
-    }
-  }
-};
-#else
 // v2 (default): two-phase -- load() fetches the raw words (the v2 kernel issues the loads of all U
 // items before any compute()); dot() = load + compute (what the v1 kernel and the host harness call).
 struct F_IQ4_XS {
@@ -326,7 +266,6 @@ struct F_IQ4_XS {
     compute<NC>(r, part, xq, xd, xs16, K, acc);
   }
 };
-#endif
 
 // ------------------------------------------------------------------ K4 scales (Q4_K / Q5_K)
 // 12 bytes S[0..11] @4: j<4: sc = S[j]&63, m = S[j+4]&63; j>=4: sc = (S[j+4]&15) | (S[j-4]>>6)<<4,
@@ -378,25 +317,6 @@ TF_DEV void tf_k4_tail(const uint32_t (&lo)[4], const uint32_t (&hi)[4], int c, 
 // d f16 @0, dmin f16 @2, scales[12] @4, qs[128] @16: chunk c (32 bytes) = sub-block 2c in the low
 // nibbles, 2c+1 in the high nibbles; w = d*sc*q - dmin*m.  Part p: c = p/2, h = p%2 -> qs bytes
 // 16p..16p+15 (16-byte aligned load).
-#if TF_GEMV_V1
-struct F_Q4_K {
-  static constexpr int TYPE = 12, QK = 256, BB = 144, PARTS = 8;
-  template <int NC>
-  TF_DEV static void dot(const uint8_t* __restrict__ blk, int part, const int8_t* __restrict__ xq,
-                         const float* __restrict__ xd, const int* __restrict__ xs16, int K,
-                         float (&acc)[NC]) {
-    const int c = part >> 1, h = part & 1;
-    uint32_t w[4];
-    tf_ld_words<16, 4>(blk + 16 + 16 * part, w);
-    float dsc0, dsc1, dm0, dm1;
-    tf_k4_scales(blk, c, dsc0, dsc1, dm0, dm1);
-    uint32_t lo[4], hi[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) { lo[i] = w[i] & TF_M4; hi[i] = (w[i] >> 4) & TF_M4; }
-    tf_k4_tail<NC>(lo, hi, c, h, dsc0, dsc1, dm0, dm1, xq, xd, xs16, K, acc);
-  }
-};
-#else
 // load/compute split (Raw, see F_Q8_0); compute decodes the scales as F_Q5_K does.
 TF_DEV void tf_k4_scales_w(const uint32_t (&h)[4], int c, float& dsc0, float& dsc1, float& dm0,
                            float& dm1) {
@@ -436,35 +356,10 @@ struct F_Q4_K {
     compute<NC>(r, part, xq, xd, xs16, K, acc);
   }
 };
-#endif
 
 // ------------------------------------------------------------------ Q5_K (type 13)
 // d @0, dmin @2, scales[12] @4, qh[32] @16 (bit j of qh[l] = fifth bit of element 32j+l),
 // qs[128] @48 (as Q4_K).  Part p: c = p/2, h = p%2 -> qs bytes 16p.., qh bytes 16h..16h+15.
-#if TF_GEMV_V1
-struct F_Q5_K {
-  static constexpr int TYPE = 13, QK = 256, BB = 176, PARTS = 8;
-  template <int NC>
-  TF_DEV static void dot(const uint8_t* __restrict__ blk, int part, const int8_t* __restrict__ xq,
-                         const float* __restrict__ xd, const int* __restrict__ xs16, int K,
-                         float (&acc)[NC]) {
-    const int c = part >> 1, h = part & 1;
-    uint32_t w[4], qh[4];
-    tf_ld_words<16, 4>(blk + 48 + 16 * part, w);
-    tf_ld_words<16, 4>(blk + 16 + 16 * h, qh);
-    float dsc0, dsc1, dm0, dm1;
-    tf_k4_scales(blk, c, dsc0, dsc1, dm0, dm1);
-    uint32_t lo[4], hi[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t b = qh[i] >> (2 * c);
-      lo[i] = (w[i] & TF_M4) | ((b << 4) & 0x10101010u);
-      hi[i] = ((w[i] >> 4) & TF_M4) | ((b << 3) & 0x10101010u);
-    }
-    tf_k4_tail<NC>(lo, hi, c, h, dsc0, dsc1, dm0, dm1, xq, xd, xs16, K, acc);
-  }
-};
-#else
 // v2 (default): two-phase (see F_IQ4_XS); the 16-byte header (d, dmin, scales) is loaded with the
 // bulk words, the scale decode happens in compute().
 struct F_Q5_K {
@@ -505,7 +400,6 @@ struct F_Q5_K {
     compute<NC>(r, part, xq, xd, xs16, K, acc);
   }
 };
-#endif
 
 // ------------------------------------------------------------------ Q6_K (type 14)
 // ql[128] @0, qh[64] @128, int8 scales[16] @192, d f16 @208 (block 2-byte aligned).
@@ -513,42 +407,6 @@ struct F_Q5_K {
 // high 2 bits = qh[32n + l] bits 2k..2k+1, scale = scales[8n + 2k + l/16]; w = d*sc*(q-32).
 // Part p: n = p/4, kk = (p/2)&1, lh = p&1 -> ql bytes 16p..16p+15 (k = kk low nibbles, k = kk+2 high
 // nibbles), qh bytes 128+32n+16lh.., two 16-groups: elements 128n+32kk+16lh+[0..15] and +64.
-#if TF_GEMV_V1
-struct F_Q6_K {
-  static constexpr int TYPE = 14, QK = 256, BB = 210, PARTS = 8;
-  template <int NC>
-  TF_DEV static void dot(const uint8_t* __restrict__ blk, int part, const int8_t* __restrict__ xq,
-                         const float* __restrict__ xd, const int* __restrict__ xs16, int K,
-                         float (&acc)[NC]) {
-    const int n = part >> 2, kk = (part >> 1) & 1, lh = part & 1;
-    uint32_t ql[4], qh[4];
-    tf_ld_words<2, 4>(blk + 16 * part, ql);
-    tf_ld_words<2, 4>(blk + 128 + 32 * n + 16 * lh, qh);
-    const float d = tf_h2f((uint16_t)tf_ld_u16(blk + 208));
-    const int gA = 8 * n + 2 * kk + lh;            // 16-group (and scale index) of the low nibbles
-    const float da = d * (float)(int8_t)blk[192 + gA];
-    const float db = d * (float)(int8_t)blk[192 + gA + 4];
-    uint32_t qa[4], qb[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t hs = qh[i] >> (2 * kk);
-      qa[i] = (ql[i] & TF_M4) | ((hs << 4) & 0x30303030u);
-      qb[i] = ((ql[i] >> 4) & TF_M4) | (hs & 0x30303030u);
-    }
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      uint32_t x0[4], x1[4];
-      TF_X16(c, 16 * gA, x0); TF_X16(c, 16 * gA + 64, x1);
-      const int* s16 = xs16 + c * (K / 16) + gA;
-      int sa = -32 * s16[0], sb = -32 * s16[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) { sa = tf_dp4a((int)qa[i], (int)x0[i], sa); sb = tf_dp4a((int)qb[i], (int)x1[i], sb); }
-      const float* xdc = xd + c * (K / 32) + (gA >> 1);
-      acc[c] += da * xdc[0] * (float)sa + db * xdc[2] * (float)sb;
-    }
-  }
-};
-#else
 // load/compute split (Raw, see F_Q8_0): the two scale bytes and d are loaded in load().
 struct F_Q6_K {
   static constexpr int TYPE = 14, QK = 256, BB = 210, PARTS = 8;
@@ -599,7 +457,6 @@ struct F_Q6_K {
     compute<NC>(r, part, xq, xd, xs16, K, acc);
   }
 };
-#endif
 
 #define TF_MAIN_FORMATS(X) X(F_Q8_0, 8) X(F_Q4_0, 2) X(F_Q5_0, 6) X(F_IQ4_NL, 20) \
   X(F_IQ4_XS, 23) X(F_Q4_K, 12) X(F_Q5_K, 13) X(F_Q6_K, 14)
