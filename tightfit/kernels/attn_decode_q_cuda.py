@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 import os
 
+from tightfit.kernels import cuda_runtime as _rt
+
 CUDA_DIR = os.path.join(os.path.dirname(__file__), "cuda")
 NW = 4                       # default warps per CTA (8 when the grid is too small: choose())
 TILE = 16                    # rows per tile (= BT of the split-K row formula)
@@ -128,13 +130,8 @@ def shape_ok(kf, vf, H: int, Hkv: int, D: int) -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=1)
 def _cupy():
-    try:
-        import cupy
-        return cupy
-    except Exception:            # noqa: BLE001 - any import failure means: no CUDA path
-        return None
+    return _rt.cupy()
 
 
 def available() -> bool:
@@ -209,7 +206,8 @@ def attn(q_rot, kcache, vcache, kcb, vcb, o, m, l, acc, status, kf, vf, grp: int
     last_config.update(defs, n_launch=n_launch, grid=n_launch * Hkv, smem=sm,
                        regs=_regs(k), sms=n_sm)
     p = lambda t: np.uint64(t.data_ptr())  # noqa: E731
-    stream = cp.cuda.ExternalStream(torch.cuda.current_stream(q_rot.device).cuda_stream)
+    dev = q_rot.device.index or 0
+    stream = _rt.stream(torch.cuda.current_stream(q_rot.device).cuda_stream, dev)
     with cp.cuda.Device(q_rot.device.index or 0), stream:
         k((n_launch, Hkv, 1), (nw * 32, 1, 1),
           (p(q_rot), p(kcache), p(vcache), p(kcb), p(vcb), p(o), p(m), p(l), p(acc), p(status),

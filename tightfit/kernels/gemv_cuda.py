@@ -26,6 +26,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from tightfit.kernels import cuda_runtime as _rt
 from tightfit.kernels.cuda_source import format_list, formats_source, source_hash
 from tightfit.quant.traits import traits
 
@@ -35,7 +36,6 @@ WARPS = THREADS // 32
 _lock = threading.Lock()
 _modules: dict[tuple[int, int, str], dict[int, object]] = {}
 _geom: dict[tuple, tuple] = {}
-_streams: dict[int, object] = {}
 
 
 KERNS = ("auto", "v2", "v2h", "v3", "v4")
@@ -98,13 +98,8 @@ def _mode() -> str:
     return os.environ.get("TIGHTFIT_GEMV", "auto").strip().lower()
 
 
-@lru_cache(maxsize=1)
 def _cupy():
-    try:
-        import cupy  # noqa: F401
-        return cupy
-    except Exception:  # noqa: BLE001 - any import failure means: not available
-        return None
+    return _rt.cupy()
 
 
 def available() -> bool:
@@ -239,11 +234,7 @@ def prepare(qtype: int, device=None, config: dict | None = None) -> None:
 
 
 def _stream(ptr: int, device: int):
-    s = _streams.get(ptr)
-    if s is None:
-        s = _cupy().cuda.ExternalStream(ptr, device)
-        _streams[ptr] = s
-    return s
+    return _rt.stream(ptr, device)
 
 
 def _chunks(n: int) -> list[tuple[int, int]]:
