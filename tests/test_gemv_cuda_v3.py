@@ -237,3 +237,74 @@ def test_v4_nvcc_sm90_no_spills():
     assert {r["nc"] for r in rows} == set(gc.NCS)
     assert not [r for r in rows if r["spill_stores"] or r["spill_loads"]]
     assert not [r for r in rows if r["nc"] == 1 and r["regs"] > 64]
+
+
+# ---------------------------------------------------------------- v5 / v5s (tf_gemv5, N = 1, opt-in)
+def test_v5_kernel_names_and_auto_unchanged():
+    """v5 / v5s: auto's choices except NC = 1 of Q5_K / Q6_K (tf_gemv5 / tf_gemv5s); auto itself is
+    unchanged (Q5_K keeps tf_gemv2h, Q6_K tf_gemv at NC = 1)."""
+    assert gc.DEFAULT_KERN == "auto"
+    assert "v5" in gc.KERNS and "v5s" in gc.KERNS
+    assert gc.V5_FORMATS == ("F_Q5_K", "F_Q6_K")
+    assert gc.kernel_names(13, "v4")[0] == "tf_gemv2h<F_Q5_K, 1>"
+    assert gc.kernel_names(14, "v4")[0] == "tf_gemv<F_Q6_K, 1>"
+    assert gc.concrete("auto", 1, 17408) == "v4" and gc.module_kerns("auto") == ("v4", "v3")
+    for kern, kn in (("v5", "tf_gemv5"), ("v5s", "tf_gemv5s")):
+        assert gc.module_kerns(kern) == (kern, "v3")
+        assert gc.concrete(kern, 1, 17408) == kern and gc.concrete(kern, 1, 1024) == kern
+        assert gc.concrete(kern, 8, 17408) == "v3" and gc.concrete(kern, 8, 1024) == kern
+        assert gc.kernel_names(13, kern)[0] == f"{kn}<F_Q5_K, 1>"
+        assert gc.kernel_names(14, kern)[0] == f"{kn}<F_Q6_K, 1>"
+        # every other launch is v4's kernel
+        for t in (8, 2, 6, 20, 23, 12, 13, 14):
+            a, b = gc.kernel_names(t, kern), gc.kernel_names(t, "v4")
+            assert a[1:] == b[1:], (kern, t)
+            if t not in (13, 14):
+                assert a[0] == b[0], (kern, t)
+        assert f"{kn}(" in KERNEL
+
+
+def test_v5_selectable_by_config_and_env(monkeypatch):
+    monkeypatch.delenv("TIGHTFIT_CU_GEMV", raising=False)
+    assert gc._kern() == "auto"
+    assert gc._kern({"kern": "v5"}) == "v5" and gc._kern({"kern": "V5S"}) == "v5s"
+    monkeypatch.setenv("TIGHTFIT_CU_GEMV", "v5")
+    assert gc._kern() == "v5" and gc._kern({"kern": "auto"}) == "auto"
+    with pytest.raises(ValueError):
+        gc._kern({"kern": "v6"})
+
+
+def v5_blocks(nb, parts, U, wpr):
+    """Transcription of tf_gemv5_body's block assignment (== tf_gemv2h's): [(block, part)]."""
+    bstep = 32 * wpr // parts
+    out = []
+    for sub in range(wpr):
+        for lane in range(32):
+            p = lane % parts
+            b = (sub * 32 + lane) // parts
+            while b + (U - 1) * bstep < nb:
+                out += [(b + u * bstep, p) for u in range(U)]
+                b += U * bstep
+            while b < nb:
+                out.append((b, p))
+                b += bstep
+    return out
+
+
+@pytest.mark.parametrize("U", [2, 4])
+def test_v5_blocks_cover_row_once(U):
+    for K in KS + [256 * 3, 256 * 33, 256 * 69]:
+        nb = K // 256
+        for wpr in (1, 2, 4, 8):
+            got = v5_blocks(nb, 8, U, wpr)
+            assert sorted(got) == [(b, p) for b in range(nb) for p in range(8)], (K, U, wpr)
+
+
+def test_v5_body_matches_transcription():
+    """The .cuh loop bounds the transcription above assumes (guards against silent edits)."""
+    body = KERNEL[KERNEL.index("TF_DEV void tf_gemv5_body("):KERNEL.index("tf_gemv5_switch(")]
+    assert "BSTEP = (32u << WL) / F::PARTS" in body
+    assert "unsigned b = ((unsigned)sub * 32u + (unsigned)lane) / F::PARTS;" in body
+    assert "for (; b + (U - 1) * BSTEP < nb; b += U * BSTEP)" in body
+    assert "for (; b < nb; b += BSTEP)" in body
+    assert re.search(r"tf_gemv5_switch<F, NC, 4>", KERNEL) and re.search(r"tf_gemv5_switch<F, NC, 2>", KERNEL)

@@ -38,7 +38,7 @@ _modules: dict[tuple[int, int, str], dict[int, object]] = {}
 _geom: dict[tuple, tuple] = {}
 
 
-KERNS = ("auto", "v2", "v2h", "v3", "v4")
+KERNS = ("auto", "v2", "v2h", "v3", "v4", "v5", "v5s")
 # Measured on the H200 (bench/RESULTS.md session 4 calls 1 and 4, % of copy bandwidth at
 # 5120->17408 / 17408->5120): at N = 1, v2h lifts IQ4_XS from 46/42 % (v1) to 51/51 % and Q5_K
 # 17408->5120 from 57 to 62 %, the other formats within +-2 %; tf_gemv4 lifts IQ4_XS further to
@@ -49,6 +49,11 @@ KERNS = ("auto", "v2", "v2h", "v3", "v4")
 DEFAULT_KERN = "auto"
 V4_FORMATS = ("F_IQ4_XS",)
 V3_MIN_OUT = 4096
+# Opt-in (not yet measured): "v5" / "v5s" = "auto", except NC = 1 of V5_FORMATS runs tf_gemv5 /
+# tf_gemv5s (gemv_kernel.cuh: compute1 of F_Q5_K / F_Q6_K with tf_gemv2h's item-to-lane mapping,
+# compile-time item offsets; v5: U = 4, <= 80 registers; v5s: U = 2, <= 64 registers).
+V5_FORMATS = ("F_Q5_K", "F_Q6_K")
+V5_KERNS = {"v5": "tf_gemv5", "v5s": "tf_gemv5s"}
 
 
 def _kern(config: dict | None = None) -> str:
@@ -61,7 +66,9 @@ def _kern(config: dict | None = None) -> str:
         v2 format bodies); NC below that runs tf_gemv with the v2 bodies.
     v4: v2h, except NC = 1 of V4_FORMATS runs tf_gemv4 (fewer instructions per item: the
         format's single-column compute1, constant-offset item addressing).
-    auto: v4 at NC = 1 and on narrow matrices, v3 at NC >= 2 on wide ones (measured winners)."""
+    auto: v4 at NC = 1 and on narrow matrices, v3 at NC >= 2 on wide ones (measured winners).
+    v5 / v5s: auto, but NC = 1 of V5_FORMATS (Q5_K, Q6_K) runs tf_gemv5 / tf_gemv5s (opt-in A/B;
+        their module holds v4's kernels for every other launch that auto gives v4)."""
     k = (config or {}).get("kern") or os.environ.get("TIGHTFIT_CU_GEMV") or DEFAULT_KERN
     k = str(k).strip().lower()
     if k not in KERNS:
@@ -72,16 +79,18 @@ def _kern(config: dict | None = None) -> str:
 def concrete(kern: str, nc: int, n_out: int | None = None) -> str:
     """The variant that runs an NC-column launch: `kern` itself unless it is "auto" (see KERNS).
     n_out None (no shape known: compile-time) counts as a large matrix."""
-    if kern != "auto":
+    if kern not in ("auto",) + tuple(V5_KERNS):
         return kern
+    # v5 / v5s: their own module stands in for v4's (same kernels but NC = 1 of V5_FORMATS)
+    alt = "v4" if kern == "auto" else kern
     if nc == 1:
-        return "v4"
-    return "v3" if (n_out is None or n_out >= V3_MIN_OUT) else "v4"
+        return alt
+    return "v3" if (n_out is None or n_out >= V3_MIN_OUT) else alt
 
 
 def module_kerns(kern: str) -> tuple[str, ...]:
     """Concrete variants whose modules `kern` may launch (v4's module holds tf_gemv2 at NC >= 2)."""
-    return {"auto": ("v4", "v3")}.get(kern, (kern,))
+    return {"auto": ("v4", "v3"), "v5": ("v5", "v3"), "v5s": ("v5s", "v3")}.get(kern, (kern,))
 
 
 def _prefix(kern: str) -> str:
@@ -191,6 +200,10 @@ def _kname(kern: str, nc: int, name: str = "") -> str:
     v3: tf_gemv3 for every format at NC >= V3_MIN_NC, else tf_gemv."""
     if _v3(kern, nc):
         return "tf_gemv3"
+    if kern in V5_KERNS:
+        if nc == 1 and name in V5_FORMATS:
+            return V5_KERNS[kern]
+        kern = "v4"
     if kern == "v3" or name not in TWO_PHASE:
         return "tf_gemv"
     if nc == 1 and kern in ("v2h", "v4"):
@@ -301,6 +314,8 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
         raise ValueError(f"CUDA GEMV: out must be contiguous fp32 [{n}, {n_out}] on {dev}")
     if q.data_ptr() % 16:
         raise ValueError("CUDA GEMV: activation q must be 16-byte aligned")
+    if kern in V5_KERNS and (d.data_ptr() % 8 or s16.data_ptr() % 8):
+        raise ValueError(f"CUDA GEMV {kern}: activation d / s16 must be 8-byte aligned")
     stream = _stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
     pw, pq, pd, ps, py = (w_raw.data_ptr(), q.data_ptr(), d.data_ptr(), s16.data_ptr(),
                           out.data_ptr())
@@ -319,7 +334,7 @@ def report_source(lowbit: bool | None = None, kern: str | None = None
                   ) -> tuple[str, list[tuple[str, int, int]]]:
     kern = kern or _kern()
     if kern == "auto":
-        raise ValueError("compile_report needs a concrete variant: v1, v2, v2h, v3 or v4")
+        raise ValueError("compile_report needs a concrete variant: v2, v2h, v3, v4, v5 or v5s")
     src = _prefix(kern) + formats_source(True, lowbit=lowbit)
     inst, rows = [], []
     for name, t in format_list(src):

@@ -109,6 +109,45 @@ TF_DEV uint32_t tf_funnel_r(uint32_t lo, uint32_t hi, uint32_t sh) {
 #endif
 }
 
+// 8-byte pair loads for compute1 (callers of compute1 guarantee xd and xs16 8-byte aligned, CONTRACT.md;
+// p + 2j with j the pair index)
+TF_DEV void tf_ldf2(const float* p, float& a, float& b) {
+#if TF_DEVICE
+  const float2 v = *(const float2*)p;
+  a = v.x; b = v.y;
+#else
+  a = p[0]; b = p[1];
+#endif
+}
+TF_DEV void tf_ldi2(const int* p, int& a, int& b) {
+#if TF_DEVICE
+  const int2 v = *(const int2*)p;
+  a = v.x; b = v.y;
+#else
+  a = p[0]; b = p[1];
+#endif
+}
+
+// NW little-endian words from a 2-byte aligned p as 4-byte aligned words + funnel shifts, like
+// tf_ld_words<2, NW>, but the aligned pointer is derived from p by pointer arithmetic (no round trip
+// through an integer), so NVVM keeps the global address space: LDG.E.CONSTANT instead of generic LD.
+template <int NW>
+TF_DEV void tf_ld_words_a2(const uint8_t* p, uint32_t (&w)[NW]) {
+#if TF_DEVICE
+  const uint32_t mis = (uint32_t)(uint64_t)p & 3u;
+  const uint32_t* a = (const uint32_t*)(p - mis);
+  const uint32_t sh = mis * 8u;
+  uint32_t t[NW + 1];
+#pragma unroll
+  for (int i = 0; i < NW; ++i) t[i] = __ldg(a + i);
+  t[NW] = sh ? __ldg(a + NW) : 0u;
+#pragma unroll
+  for (int i = 0; i < NW; ++i) w[i] = __funnelshift_r(t[i], t[i + 1], sh);
+#else
+  memcpy(w, p, 4 * NW);
+#endif
+}
+
 TF_DEV float tf_h2f(uint16_t h) {
 #if TF_DEVICE && defined(TF_CSE_FRIENDLY)
   // plain integer/float arithmetic instead of inline asm: NVVM treats an asm statement as touching

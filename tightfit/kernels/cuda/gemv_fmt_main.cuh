@@ -391,6 +391,61 @@ struct F_Q5_K {
     }
     tf_k4_tail<NC>(lo, hi, c, h, dsc0, dsc1, dm0, dm1, xq, xd, xs16, K, acc);
   }
+  // One column (kern v5: tf_gemv5 / tf_gemv4 at N = 1). Part p = (c, h) as in compute:
+  //  - 5th bits: one rotate per qh word puts bit 2c of every byte at bit 4 and bit 2c+1 at bit 5;
+  //    lo codes (sub-block 2c) = nibble | bit 4, hi codes (2c+1) taken as 2*code = (w >> 3) & 0x1E
+  //    | bit 5 (<= 62, still a signed byte), so both use the same rotate and no per-bit shifts.
+  //  - scales: the 6-bit sc / m go into the integer dots (sc0*s0, sc1*(2 s1), m*S32: all < 2^24,
+  //    exact in fp32), selected with per-lane PRMT selectors and masks (no select on the data).
+  //  - mins: part p takes the whole min term of sub-block p (= 2c + h, one of its two sub-blocks):
+  //    dmin * m_p * xd_p * (s16[2p] + s16[2p+1]); one m per item instead of two.
+  //  - xd[2c], xd[2c+1] and s16[2p], s16[2p+1] as 8-byte loads (compute1 callers keep xd / xs16
+  //    8-byte aligned).
+  TF_DEV static void compute1(const Raw& r, int part, const int8_t* __restrict__ xq,
+                              const float* __restrict__ xd, const int* __restrict__ xs16, int K,
+                              float& acc) {
+    (void)K;
+    const int c = part >> 1, h = part & 1;
+    uint32_t x0[4], x1[4];
+    tf_ld_x16(xq + 64 * c + 16 * h, x0); tf_ld_x16(xq + 64 * c + 16 * h + 32, x1);
+    float xd0, xd1;
+    tf_ldf2(xd + 2 * c, xd0, xd1);
+    int sa, sb;
+    tf_ldi2(xs16 + 2 * part, sa, sb);
+    const uint32_t rot = (uint32_t)(28 + 2 * c) & 31u;     // funnel right by rot = rotate left 4-2c
+    int s0 = 0, s1 = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t q5 = tf_funnel_r(r.qh[i], r.qh[i], rot);
+      const uint32_t lo = (r.w[i] & TF_M4) | (q5 & 0x10101010u);
+      const uint32_t hi2 = ((r.w[i] >> 3) & 0x1E1E1E1Eu) | (q5 & 0x20202020u);
+      s0 = tf_dp4a((int)lo, (int)x0[i], s0);
+      s1 = tf_dp4a((int)hi2, (int)x1[i], s1);
+    }
+    // Scales, with per-lane constants only (part is fixed per lane: hoisted out of the kernel's
+    // loop). One PRMT per value puts the low bits' byte in byte 0 and the byte holding the top two
+    // bits in byte 3, whose >> 26 leaves exactly those bits at 4..5 and zeros above; cm (0x3F for
+    // sub-blocks < 4, 0x0F above) picks the low bits from byte 0, the rest from the >> 26.
+    //   sc_j, j < 4: S0.b[j] & 63;  j >= 4: (S2.b[j-4] & 15) | (S0.b[j-4] >> 6) << 4
+    //   m_j,  j < 4: S1.b[j] & 63;  j >= 4: (S2.b[j-4] >> 4) | (S1.b[j-4] >> 6) << 4
+    const bool hq = c >= 2;                                // sub-blocks 2c, 2c+1 and p all >= 4
+    const uint32_t j = 2u * (uint32_t)(c & 1);             // byte of sub-block 2c within its word
+    const uint32_t sel0 = (hq ? 4u + j : j) | j << 12;     // {A.b[j], ., ., S0.b[j]}, A = S0 or S2
+    const uint32_t sel1 = sel0 + 0x1001u;                  // the same for byte j + 1
+    const uint32_t k = (uint32_t)part & 3u;                // byte of sub-block p
+    const uint32_t selm = (hq ? 4u + k : k) | k << 12;     // {S1.b[k] or S2.b[k], ., ., S1.b[k]}
+    const uint32_t cm = hq ? 0x0Fu : 0x3Fu, msh = hq ? 4u : 0u;
+    const uint32_t S0 = r.h[1], S1 = r.h[2], S2 = r.h[3];
+    const uint32_t v0 = tf_prmt(S0, S2, sel0), v1 = tf_prmt(S0, S2, sel1), vm = tf_prmt(S1, S2, selm);
+    const int sc0 = (int)((v0 & cm) | ((v0 >> 26) & ~cm));
+    const int sc1 = (int)((v1 & cm) | ((v1 >> 26) & ~cm));
+    const int m = (int)((tf_funnel_r(vm, vm, msh) & cm) | ((vm >> 26) & ~cm));
+    const float d = tf_h2f((uint16_t)r.h[0]), dmin = tf_h2f((uint16_t)(r.h[0] >> 16));
+    // s1 is twice the hi dot: halve the (even) product in integers
+    const float f = xd0 * (float)(sc0 * s0) + xd1 * (float)((sc1 * s1) >> 1);
+    acc += d * f;
+    acc -= (dmin * (h ? xd1 : xd0)) * (float)(m * (sa + sb));
+  }
   template <int NC>
   TF_DEV static void dot(const uint8_t* __restrict__ blk, int part, const int8_t* __restrict__ xq,
                          const float* __restrict__ xd, const int* __restrict__ xs16, int K,
@@ -447,6 +502,41 @@ struct F_Q6_K {
       const float* xdc = xd + c * (K / 32) + (gA >> 1);
       acc[c] += da * xdc[0] * (float)sa + db * xdc[2] * (float)sb;
     }
+  }
+  // Single-column path (kern v5: tf_gemv5 at N = 1). load1 = load with the 2-byte aligned words
+  // read through tf_ld_words_a2 (global loads instead of generic ones) and the scales loaded
+  // sign-extended; compute1 multiplies the int8 sub-scales into the integer dots (|sc * dot| <=
+  // 128 * 16 * 32 * 127 < 2^24: exact in fp32) and converts two sums per item instead of scales.
+  TF_DEV static void load1(const uint8_t* __restrict__ blk, int part, Raw& r) {
+    const int n = part >> 2, kk = (part >> 1) & 1, lh = part & 1;
+    const int gA = 8 * n + 2 * kk + lh;
+    tf_ld_words_a2<4>(blk + 16 * part, r.ql);
+    tf_ld_words_a2<4>(blk + 128 + 32 * n + 16 * lh, r.qh);
+    r.d = tf_ld_u16(blk + 208);
+    r.sa = (uint32_t)(int)(int8_t)blk[192 + gA];
+    r.sb = (uint32_t)(int)(int8_t)blk[192 + gA + 4];
+  }
+  TF_DEV static void compute1(const Raw& r, int part, const int8_t* __restrict__ xq,
+                              const float* __restrict__ xd, const int* __restrict__ xs16, int K,
+                              float& acc) {
+    (void)K;
+    const int n = part >> 2, kk = (part >> 1) & 1, lh = part & 1;
+    const int gA = 8 * n + 2 * kk + lh;
+    uint32_t x0[4], x1[4];
+    tf_ld_x16(xq + 16 * gA, x0); tf_ld_x16(xq + 16 * gA + 64, x1);
+    int sa = -32 * tf_ldi(xs16 + gA), sb = -32 * tf_ldi(xs16 + gA + 4);
+    const uint32_t sh = 2u * (uint32_t)kk;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t hs = r.qh[i] >> sh;
+      const uint32_t qa = (r.ql[i] & TF_M4) | ((hs << 4) & 0x30303030u);
+      const uint32_t qb = ((r.ql[i] >> 4) & TF_M4) | (hs & 0x30303030u);
+      sa = tf_dp4a((int)qa, (int)x0[i], sa);
+      sb = tf_dp4a((int)qb, (int)x1[i], sb);
+    }
+    const float* xdc = xd + (gA >> 1);
+    const float f = tf_ldf(xdc) * (float)((int)r.sa * sa) + tf_ldf(xdc + 2) * (float)((int)r.sb * sb);
+    acc += tf_h2f((uint16_t)r.d) * f;
   }
   template <int NC>
   TF_DEV static void dot(const uint8_t* __restrict__ blk, int part, const int8_t* __restrict__ xq,

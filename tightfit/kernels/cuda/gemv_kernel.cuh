@@ -116,6 +116,17 @@ TF_DEV void tf_compute2(const typename F::Raw& r, int p, const int8_t* __restric
   if constexpr (NC == 1 && tf_has_c1<F>::value) F::compute1(r, p, xq, xd, xs16, K, acc[0]);
   else F::template compute<NC>(r, p, xq, xd, xs16, K, acc);
 }
+// tf_has_l1: the format has load1(blk, part, Raw&), the load its compute1 expects (F_Q6_K: global
+// funnel-shift loads, sign-extended scales); tf_load1 falls back to load. Every caller of compute1
+// loads through tf_load1.
+template <class F, class = void> struct tf_has_l1 { static constexpr bool value = false; };
+template <class F>
+struct tf_has_l1<F, decltype((void)&F::load1)> { static constexpr bool value = true; };
+template <class F>
+TF_DEV void tf_load1(const uint8_t* __restrict__ blk, int p, typename F::Raw& r) {
+  if constexpr (tf_has_l1<F>::value) F::load1(blk, p, r);
+  else F::load(blk, p, r);
+}
 template <class F, int NC>
 struct tf_unroll2 {
   static constexpr int U = tf_two_phase<F>::value ? (NC <= 2 ? 4 : 2) : tf_unroll<F, NC>::U;
@@ -210,6 +221,114 @@ tf_gemv2h(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
   tf_gemv2_body<F, NC>(W, xq, xd, xs16, y, n_out, K, wpr_log2, red);
 }
 
+// ---------------------------------------------------------------- v5 (gemv_cuda kern "v5", NC = 1)
+// tf_gemv2h's item-to-lane mapping and leftover loop (lane -> block b = (sub*32 + lane)/PARTS + u*bstep,
+// bstep = 32*WPR/PARTS, part lane % PARTS; steps of U*bstep blocks, then the leftover blocks one per
+// lane at stride bstep), with
+// (1) the format's single-column compute1 for every item (tf_load1 + compute1, two-phase, U = 4);
+// (2) WPR a compile-time constant (one body per wpr_log2, picked by a uniform switch), so the U items
+//     of a step sit at constant offsets u*bstep blocks from four per-lane pointers: the loads take
+//     [reg + imm] addresses and a step costs one pointer bump per array (what made tf_gemv4 cheap),
+//     while each warp-wide load still covers the same blocks as tf_gemv2h's.
+// Callers keep xd and xs16 8-byte aligned (compute1's pair loads). Two instantiations below: tf_gemv5
+// (U = 4, <= 80 registers) and tf_gemv5s (U = 2, <= 64 registers as tf_gemv2h).
+template <class F, int NC, int WL, int U>
+TF_DEV void tf_gemv5_body(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
+                          const float* __restrict__ xd, const int* __restrict__ xs16,
+                          float* __restrict__ y, int n_out, int K, float (*red)[NC]) {
+  constexpr unsigned WPR = 1u << WL, BSTEP = (32u << WL) / F::PARTS;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = warp & (WPR - 1);
+  const int row = blockIdx.x * (TF_WARPS >> WL) + (warp >> WL);
+  const unsigned nb = (unsigned)K / F::QK;
+  float acc[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) acc[c] = 0.f;
+  if (row < n_out) {
+    const int p = lane % F::PARTS;
+    unsigned b = ((unsigned)sub * 32u + (unsigned)lane) / F::PARTS;
+    const uint8_t* wp = W + ((uint64_t)row * nb + b) * F::BB;
+    const int8_t* xp = xq + (uint64_t)b * F::QK;
+    const float* dp = xd + b * (F::QK / 32);
+    const int* sp = xs16 + b * (F::QK / 16);
+    for (; b + (U - 1) * BSTEP < nb; b += U * BSTEP) {
+      typename F::Raw r[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) tf_load1<F>(wp + u * BSTEP * F::BB, p, r[u]);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        tf_compute2<F, NC>(r[u], p, xp + u * BSTEP * F::QK, dp + u * BSTEP * (F::QK / 32),
+                           sp + u * BSTEP * (F::QK / 16), K, acc);
+      wp += U * BSTEP * F::BB; xp += U * BSTEP * F::QK;
+      dp += U * BSTEP * (F::QK / 32); sp += U * BSTEP * (F::QK / 16);
+    }
+    for (; b < nb; b += BSTEP) {
+      typename F::Raw r;
+      tf_load1<F>(wp, p, r);
+      tf_compute2<F, NC>(r, p, xp, dp, sp, K, acc);
+      wp += BSTEP * F::BB; xp += BSTEP * F::QK; dp += BSTEP * (F::QK / 32); sp += BSTEP * (F::QK / 16);
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[c] += __shfl_xor_sync(0xFFFFFFFFu, acc[c], o);
+  }
+  if (WL == 0) {
+    if (lane == 0 && row < n_out) {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) y[(uint64_t)c * n_out + row] = acc[c];
+    }
+    return;
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) red[warp][c] = acc[c];
+  }
+  __syncthreads();
+  if (sub == 0 && lane == 0 && row < n_out) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      float s = red[warp][c];
+#pragma unroll
+      for (unsigned j = 1; j < WPR; ++j) s += red[warp + j][c];
+      y[(uint64_t)c * n_out + row] = s;
+    }
+  }
+}
+
+template <class F, int NC, int U>
+TF_DEV void tf_gemv5_switch(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
+                            const float* __restrict__ xd, const int* __restrict__ xs16,
+                            float* __restrict__ y, int n_out, int K, int wpr_log2, float (*red)[NC]) {
+  switch (wpr_log2) {     // uniform over the grid
+    case 0: tf_gemv5_body<F, NC, 0, U>(W, xq, xd, xs16, y, n_out, K, red); break;
+    case 1: tf_gemv5_body<F, NC, 1, U>(W, xq, xd, xs16, y, n_out, K, red); break;
+    case 2: tf_gemv5_body<F, NC, 2, U>(W, xq, xd, xs16, y, n_out, K, red); break;
+    default: tf_gemv5_body<F, NC, 3, U>(W, xq, xd, xs16, y, n_out, K, red); break;
+  }
+}
+
+// kern "v5": U = 4 with min 3 CTAs/SM (<= 80 registers): at 64 registers ptxas spills the four
+// items' hoisted raw words (Q5_K: 208 bytes) instead of sinking them.
+template <class F, int NC>
+__global__ void __launch_bounds__(TF_THREADS, 3)
+tf_gemv5(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
+         const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int wpr_log2) {
+  __shared__ float red[TF_WARPS][NC];
+  tf_gemv5_switch<F, NC, 4>(W, xq, xd, xs16, y, n_out, K, wpr_log2, red);
+}
+
+// kern "v5s": U = 2 with tf_gemv2h's min 4 CTAs/SM (<= 64 registers, no spills): fewer bytes in
+// flight per warp, more warps.
+template <class F, int NC>
+__global__ void __launch_bounds__(TF_THREADS, 4)
+tf_gemv5s(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
+          const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int wpr_log2) {
+  __shared__ float red[TF_WARPS][NC];
+  tf_gemv5_switch<F, NC, 2>(W, xq, xd, xs16, y, n_out, K, wpr_log2, red);
+}
+
 // ---------------------------------------------------------------- v4 (gemv_cuda kern "v4", NC = 1)
 // tf_gemv2h for the two-phase formats with two changes that cut instructions per item (N = 1 is
 // issue-bound, mostly on the integer ALU pipe):
@@ -252,7 +371,7 @@ tf_gemv4(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const flo
     for (unsigned s = 0; s < nfull; ++s) {
       typename F::Raw r[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) F::load(wp + u * G * F::BB, p, r[u]);
+      for (int u = 0; u < U; ++u) tf_load1<F>(wp + u * G * F::BB, p, r[u]);
 #pragma unroll
       for (int u = 0; u < U; ++u)
         tf_compute2<F, NC>(r[u], p, xp + u * G * F::QK, dp + u * G * (F::QK / 32),
@@ -268,7 +387,7 @@ tf_gemv4(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const flo
       typename F::Raw r[U];
 #pragma unroll
       for (int u = 0; u < U; ++u)
-        if (b0 + u * bs < nb) F::load(wr + (uint64_t)(b0 + u * bs) * F::BB, p, r[u]);
+        if (b0 + u * bs < nb) tf_load1<F>(wr + (uint64_t)(b0 + u * bs) * F::BB, p, r[u]);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const unsigned bu = b0 + u * bs;
