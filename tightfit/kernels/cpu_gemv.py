@@ -418,18 +418,31 @@ class Group:
             col += w.shape[0]
         self.n_out = col
         self._plans: dict = {}
+        self._idx: dict = {}
 
+    # which matrices each grouped kernel runs: fixed per group (per batch size for the SIMD one),
+    # so derived once instead of on every call (a decode token makes ~100 grouped calls)
     def _grouped(self, B: int) -> tuple[int, ...]:
-        return tuple(i for i, qt in enumerate(self.qtypes) if self.ws[i].shape[0]
-                     and qt in SIMD and (qt == IQ4_XS or B <= SIMD_MAX_BATCH_K))
+        key = ("simd", B <= SIMD_MAX_BATCH_K)
+        idx = self._idx.get(key)
+        if idx is None:
+            idx = self._idx[key] = tuple(
+                i for i, qt in enumerate(self.qtypes) if self.ws[i].shape[0]
+                and qt in SIMD and (qt == IQ4_XS or B <= SIMD_MAX_BATCH_K))
+        return idx
+
+    def _of_types(self, key: str, types) -> tuple[int, ...]:
+        idx = self._idx.get(key)
+        if idx is None:
+            idx = self._idx[key] = tuple(i for i, qt in enumerate(self.qtypes)
+                                         if self.ws[i].shape[0] and qt in types)
+        return idx
 
     def _ternary(self) -> tuple[int, ...]:
-        return tuple(i for i, qt in enumerate(self.qtypes) if self.ws[i].shape[0]
-                     and qt in _T.TQ_TYPES)
+        return self._of_types("tq", _T.TQ_TYPES)
 
     def _lowbit(self) -> tuple[int, ...]:
-        return tuple(i for i, qt in enumerate(self.qtypes) if self.ws[i].shape[0]
-                     and qt in _L.LOWBIT_TYPES)
+        return self._of_types("lowbit", _L.LOWBIT_TYPES)
 
     def _plan(self, idx: tuple[int, ...]):
         """(typed list of the matrices, types, output columns, chunk matrix/row0/row1) for the

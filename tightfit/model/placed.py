@@ -147,9 +147,12 @@ class PinnedIO:
         return buf
 
     def recorded(self, key: tuple) -> Any:
-        ev = torch.cuda.Event()
+        """Record the buffer's copy; one event per buffer, re-recorded (get() waited on it)."""
+        buf, ev = self._bufs[key]
+        if ev is None:
+            ev = torch.cuda.Event()
+            self._bufs[key] = (buf, ev)
         ev.record()
-        self._bufs[key] = (self._bufs[key][0], ev)
         return ev
 
 
