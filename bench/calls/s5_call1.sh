@@ -1,0 +1,10 @@
+#!/bin/bash
+# Session 5, device call 1: GEMV A/B of v5/v5s, t(N)/t(1), Nsight Compute limiters (GEMV, tq3 attention),
+# host-row profile at 8 GiB.  Run: bash bench/calls/s5_call1.sh (on the device, via the run tool)
+NCU="ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis"
+exec bash bench/suite.sh 585 \
+ "gemvab|140|TIGHTFIT_CU_GEMV=v5 python3 bench/gemv.py --out \$D --impls cu --formats Q5_K,Q6_K,IQ4_XS --check-shapes ffn,kv --check-ns 1 --shapes ffn,kv --ns 1 --configs '[{\"kern\":\"auto\"},{\"kern\":\"v5\"},{\"kern\":\"v5s\"}]' && TIGHTFIT_CU_GEMV=v5s python3 bench/gemv.py --out \$D/v5s --impls cu --formats Q5_K,Q6_K --check-shapes ffn,kv --check-ns 1 --shapes ffn --ns 1 --budget 5" \
+ "gemvns|90|python3 bench/gemv.py --out \$D --impls cu --formats Q8_0,Q4_K,Q5_K,Q6_K,IQ4_XS,Q3_K,IQ2_XS --check-shapes ffn --check-ns 8 --shapes ffn --ns 1,2,4,8 --budget 60" \
+ "ncugemv|100|for f in IQ4_XS Q5_K Q6_K IQ2_XS; do $NCU -k regex:tf_gemv -c 2 python3 bench/gemv.py --out \$D/\$f --impls cu --formats \$f --check-shapes ffn --check-ns 1 --shapes ffn --ns 1 --budget 2 > \$D/ncu_\$f.txt 2>&1; tail -n 80 \$D/ncu_\$f.txt | grep -E 'Throughput|Stall|Issued|Eligible|Warp Cycles|Occupancy|Registers|No Eligible|L1|gemv' | head -30; done" \
+ "ncutq3|80|$NCU -k regex:attn_q_kernel -c 2 python3 bench/kv_quant.py --ctx 32768 --types tq3 --out \$D > \$D/ncu_tq3.txt 2>&1; grep -E 'Throughput|Stall|Issued|Eligible|Warp Cycles|Occupancy|Registers|Duration|Block Size|Grid Size|Shared' \$D/ncu_tq3.txt | head -40; ncu --clock-control none --metrics gpu__time_duration.sum -c 60 python3 bench/kv_quant.py --ctx 32768 --types tq3 --out \$D/t > \$D/ncu_times.txt 2>&1; grep -E '^  [a-z_A-Z].*\\(|gpu__time' \$D/ncu_times.txt | tail -40" \
+ "plan8g|330|python3 bench/plan_vram.py --budgets 8GiB --tokens 6 --profile-tokens 6 --profile-threads 0,-1,-4 --out \$D && OMP_WAIT_POLICY=PASSIVE NUMBA_THREADING_LAYER=omp python3 bench/plan_vram.py --budgets 8GiB --tokens 4 --profile-tokens 4 --profile-threads 0 --out \$D/passive"
