@@ -159,7 +159,9 @@ def test_nvcc_sm90_no_spills():
         assert got == {(t, nc) for t in MAIN_TYPES for nc in NCS}, kern
         spills = [r for r in rows if r["spill_stores"] or r["spill_loads"]]
         assert not spills, (kern, spills)
-        big = [r for r in rows if r["nc"] <= 4 and r["regs"] > 64]
+        # v4's Q6_K at NC = 1 is tf_gemv5 (built for <= 80 registers: session 5's measured winner)
+        big = [r for r in rows if r["nc"] <= 4 and r["regs"] > (
+            80 if (kern == "v4" and r["nc"] == 1 and r["format"] == "F_Q6_K") else 64)]
         assert not big, (kern, big)
 
 

@@ -48,6 +48,10 @@ KERNS = ("auto", "v2", "v2h", "v3", "v4", "v5", "v5s")
 # >= V3_MIN_OUT rows, the v2 bodies (v4's module) otherwise.
 DEFAULT_KERN = "auto"
 V4_FORMATS = ("F_IQ4_XS",)
+# Session 5 call 1 (bench/RESULTS.md): at N = 1 tf_gemv5 took Q6_K from 56/47 % to 60/57 % of the
+# copy bandwidth (5120->17408 / 17408->5120) and lost 1 point on Q5_K (tf_gemv5s lost on both), so
+# v4 (and with it "auto") runs tf_gemv5 for Q6_K only.
+V4_V5_FORMATS = ("F_Q6_K",)
 V3_MIN_OUT = 4096
 # Opt-in (not yet measured): "v5" / "v5s" = "auto", except NC = 1 of V5_FORMATS runs tf_gemv5 /
 # tf_gemv5s (gemv_kernel.cuh: compute1 of F_Q5_K / F_Q6_K with tf_gemv2h's item-to-lane mapping,
@@ -204,6 +208,8 @@ def _kname(kern: str, nc: int, name: str = "") -> str:
         if nc == 1 and name in V5_FORMATS:
             return V5_KERNS[kern]
         kern = "v4"
+    if nc == 1 and kern == "v4" and name in V4_V5_FORMATS:
+        return "tf_gemv5"
     if kern == "v3" or name not in TWO_PHASE:
         return "tf_gemv"
     if nc == 1 and kern in ("v2h", "v4"):
@@ -314,7 +320,8 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
         raise ValueError(f"CUDA GEMV: out must be contiguous fp32 [{n}, {n_out}] on {dev}")
     if q.data_ptr() % 16:
         raise ValueError("CUDA GEMV: activation q must be 16-byte aligned")
-    if kern in V5_KERNS and (d.data_ptr() % 8 or s16.data_ptr() % 8):
+    if (kern in V5_KERNS or _formats()[qtype] in V4_V5_FORMATS) and (d.data_ptr() % 8
+                                                                      or s16.data_ptr() % 8):
         raise ValueError(f"CUDA GEMV {kern}: activation d / s16 must be 8-byte aligned")
     stream = _stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
     pw, pq, pd, ps, py = (w_raw.data_ptr(), q.data_ptr(), d.data_ptr(), s16.data_ptr(),
