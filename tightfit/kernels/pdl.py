@@ -1,0 +1,58 @@
+"""Programmatic dependent launch (PDL, sm_90+): one switch for every kernel of the decode step.
+
+A kernel launched with the PDL attribute may start while the kernel before it on the stream is
+still running; it must execute `griddepcontrol.wait` (Triton: `tl.extra.cuda.gdc_wait()`) before
+it reads anything an earlier kernel wrote or writes anything an earlier kernel may still read.
+What it does before the wait (address arithmetic, loads of weights, which no kernel of the step
+writes) overlaps the previous kernel's tail and the launch latency. A kernel that signals
+`griddepcontrol.launch_dependents` lets the next PDL kernel be scheduled before it finishes.
+
+Rules every kernel launched through this switch follows:
+  * only immutable inputs (weights, codebooks, rotation matrices) are touched before the wait;
+  * every program executes the wait (also programs that exit early);
+  * launch_dependents is a hint and never replaces the wait in the next kernel.
+Kernels launched without the attribute keep full stream order, so the switch can be applied
+kernel by kernel.
+
+TIGHTFIT_PDL=1 turns it on (default off until the device A/B in bench/RESULTS.md says it pays);
+never under TRITON_INTERPRET or below sm_90.
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import torch
+
+
+def _env_on() -> bool:
+    return os.environ.get("TIGHTFIT_PDL", "0").strip() not in ("", "0", "false", "off", "no")
+
+
+@lru_cache(maxsize=None)
+def _capable(device_index: int) -> bool:
+    if os.environ.get("TRITON_INTERPRET", "0") == "1" or not torch.cuda.is_available():
+        return False
+    major, _minor = torch.cuda.get_device_capability(device_index)
+    return major >= 9
+
+
+def enabled(device=None) -> bool:
+    """True when kernels on `device` (torch.device, index or None = current) launch with PDL."""
+    if not _env_on():
+        return False
+    if device is None:
+        idx = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    elif isinstance(device, torch.device):
+        if device.type != "cuda":
+            return False
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+    else:
+        idx = int(device)
+    return _capable(idx)
+
+
+def triton_launch_kwargs(device=None) -> dict:
+    """Extra launch keyword arguments for a Triton kernel that honours the rules above (it takes
+    a `PDL: tl.constexpr` and calls gdc_wait when it is set): {"launch_pdl": True} or {}."""
+    return {"launch_pdl": True} if enabled(device) else {}
