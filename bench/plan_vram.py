@@ -262,7 +262,11 @@ def one(args: argparse.Namespace) -> dict:
              host_embd=plan.host_embd, gpu_weight_bytes=plan.placement.gpu_bytes,
              host_weight_bytes=plan.placement.host_bytes,
              split_tensors=len(plan.placement.split_tensors()),
-             max_ctx_same_placement=plan.max_ctx_same_placement)
+             max_ctx_same_placement=plan.max_ctx_same_placement,
+             split_order=plan.options.split_order,
+             # the planner's host GEMV estimate (tightfit.plan.host_speed), printed beside the
+             # measured ms/token and the profile's kernel time
+             host_ms_est=plan.host_ms_per_token, host_ms_by_type_est=plan.host_ms_by_type())
     try:
         require_fit(plan)
     except PlanError as e:
@@ -386,7 +390,7 @@ def main() -> int:
     print(f"\n== placed load + decode, seed-mix 27B, ctx {args.ctx} ==")
     print(f"{'budget':>7} {'plan GiB':>8} {'arena':>6} {'resv GiB':>8} {'alloc':>6} {'dev used':>8} "
           f"{'host GB':>7} {'load s':>6} {'up GB/s':>7} {'RSS GiB':>7} {'anon':>5} {'tok/s':>6} "
-          f"{'roof':>5} {'llama.cpp':>9}")
+          f"{'roof':>5} {'llama.cpp':>9} {'ms/tok':>7} {'host est':>8}")
     for r in res["runs"]:
         if "tok_s" not in r:
             print(f"{r['budget']:>7}  {r.get('error', '?')}")
@@ -396,11 +400,18 @@ def main() -> int:
               f"{r['device_used'] / G:>8.2f} {r['host_weight_bytes'] / 1e9:>7.2f} "
               f"{r['load_s']:>6.1f} {r['upload_GBps']:>7.2f} {r.get('VmHWM', 0) / G:>7.2f} "
               f"{r.get('RssAnon', 0) / G:>5.2f} {r['tok_s']:>6.2f} "
-              f"{r.get('host_roofline_ratio', float('nan')):>5.2f} {LLAMA_PARTIAL_TOK_S:>9.1f}")
+              f"{r.get('host_roofline_ratio', float('nan')):>5.2f} {LLAMA_PARTIAL_TOK_S:>9.1f} "
+              f"{r['ms_per_token']:>7.1f} {r.get('host_ms_est', float('nan')):>8.1f}")
     for r in res["runs"]:
         hp = r.get("host_profile") or {}
         for run in hp.get("runs", []):
             print(f"\n== host profile, {r['budget']} ==\n{run['table']}")
+        if r.get("host_ms_by_type_est"):
+            by = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["host_ms_by_type_est"].items(),
+                                                             key=lambda kv: -kv[1]))
+            print(f"planned host GEMV estimate ({r.get('split_order')} order): "
+                  f"{r['host_ms_est']:.1f} ms/token ({by}); measured "
+                  f"{r.get('ms_per_token', float('nan')):.1f} ms/token in all")
         for a in hp.get("mmap_vs_anon", []):
             print(f"A/B {'+'.join(a['names'])}: mmap {a['mmap_GBps']:.1f} GB/s, anonymous copy "
                   f"{a['anon_GBps']:.1f} GB/s ({a['bytes'] / 1e6:.1f} MB)")

@@ -21,7 +21,9 @@ from tightfit.model.config import Qwen35Config
 from tightfit.plan.buffers import DEFAULT_ATTN_CHUNK, act_layouts, pack, step_buffers, vector_shapes
 from tightfit.plan.placement import (ModelInventory, Placement, TensorSpec, align_up,
                                      build_placement, type_name)
-from tightfit.plan.rowsplit import check_exact_cover, host_rows_for, split_candidates
+from tightfit.plan.host_speed import host_ms_by_type
+from tightfit.plan.rowsplit import (SPLIT_ORDERS, check_exact_cover, host_rows_for,
+                                    split_candidates)
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -100,6 +102,7 @@ class PlanOptions:
     prefill_chunk: int = 512       # tokens per prefill step
     reserve: int | None = None     # override the safety reserve
     attn_chunk: int = DEFAULT_ATTN_CHUNK   # split-K rows per chunk of the executor's decode step
+    split_order: str = "host_speed"        # rowsplit.SPLIT_ORDERS; "layer" = the pre-issue-5 rule
 
     def validate(self, cfg: Qwen35Config) -> None:
         if self.ctx < 1:
@@ -112,6 +115,9 @@ class PlanOptions:
             raise UserError(f"--host-embd must be auto, yes or no, got {self.host_embd!r}")
         if self.available < 0:
             raise UserError("available VRAM cannot be negative")
+        if self.split_order not in SPLIT_ORDERS:
+            raise UserError(f"split order must be one of {', '.join(SPLIT_ORDERS)}, "
+                            f"got {self.split_order!r}")
         kv_format(self.kv_type)
 
 
@@ -381,6 +387,14 @@ class Plan:
     def host_weights_bytes(self) -> int:
         return self.placement.host_bytes
 
+    def host_ms_by_type(self) -> dict[str, float]:
+        """Estimated host GEMV ms per decode token by format (tightfit.plan.host_speed)."""
+        return host_ms_by_type(self.placement, self.inventory.tensors)
+
+    @property
+    def host_ms_per_token(self) -> float:
+        return sum(self.host_ms_by_type().values())
+
     def layout(self) -> list[tuple[str, int, int]]:
         """(region, offset, bytes) of the ONE device arena, in order; the reserve is not allocated."""
         out, off = [], 0
@@ -410,6 +424,9 @@ class Plan:
                  fits=self.fits, host_weights_bytes=self.host_weights_bytes,
                  max_ctx_that_fits=self.max_ctx_that_fits,
                  max_ctx_same_placement=self.max_ctx_same_placement,
+                 split_order=self.options.split_order,
+                 host_ms_per_token_est=self.host_ms_per_token,
+                 host_ms_by_type_est=self.host_ms_by_type(),
                  arena_bytes=self.arena_bytes,
                  lines=[{"key": l.key, "label": l.label, "bytes": l.bytes, "formula": l.formula,
                          "details": l.details} for l in self.lines],
@@ -447,7 +464,7 @@ class _Solver:
         if not split:
             return he, host_rows, False
         exchange = 0
-        for t in split_candidates(self.needed, self.cfg.n_layer):
+        for t in split_candidates(self.needed, self.cfg.n_layer, o.split_order):
             rb = t.row_bytes
             while True:
                 deficit = self.total(region, he, exchange) - avail
@@ -565,6 +582,11 @@ def plan_model(inv: ModelInventory, o: PlanOptions) -> Plan:
     if o.prefill_chunk != asked:
         plan.notes.append(f"prefill chunk lowered from {asked} to {o.prefill_chunk} tokens: the "
                           f"prefill scratch of {asked}-token chunks does not fit")
+    by_type = plan.host_ms_by_type()
+    if by_type:
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(by_type.items(), key=lambda kv: -kv[1]))
+        plan.notes.append(f"host GEMV estimate {sum(by_type.values()):.1f} ms/token ({parts}; "
+                          f"bytes / in-model GB/s per format, tightfit.plan.host_speed)")
     if not fmt.runtime:
         plan.notes.append(f"KV format {fmt.name}: priced exactly, but no executor reads it yet")
     elif fmt.name != "f16":

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from tightfit.errors import PlanError
+from tightfit.plan.host_speed import speed_rank
 from tightfit.plan.placement import ARENA_ALIGN, GPU, HOST, Placement, TensorSpec
 
 #: A split point is a multiple of this many rows (unless the whole matrix moves): GPU GEMV kernels
@@ -20,28 +21,42 @@ SPLIT_ROW_QUANTUM = 64
 
 #: Order in which matrices give up rows. FFN first (seed 000: ffn_gate/ffn_up are the matrices
 #: its placer splits), then the mixer projections, then the output head (read every token, so the
-#: most expensive to serve from the CPU). Within one kind, the last layers go first: a fixed,
-#: documented rule that keeps the early layers, whose activations feed everything, on the device.
+#: most expensive to serve from the CPU). Within one kind tier (`split_order="host_speed"`, the
+#: default) the formats the host computes fast go first (plan/host_speed.py: the SIMD block
+#: kernels run ~5x the low-bit ones, so a low-bit matrix moves only when no faster row of its
+#: tier is left: that frees the same bytes for less host time per token). Within one speed class
+#: (or across a tier with `split_order="layer"`, the rule before issue 5's profile), the last
+#: layers go first: a fixed, documented rule that keeps the early layers, whose activations feed
+#: everything, on the device, and keeps the FFN matrices of one layer together on the host
+#: (gate+up share x: one grouped host call per layer).
 FFN_KINDS = ("ffn_gate", "ffn_up", "ffn_down")
 MIXER_KINDS = ("attn_qkv", "attn_gate", "ssm_out", "attn_q", "attn_k", "attn_v", "attn_output")
+SPLIT_ORDERS = ("host_speed", "layer")
 
 
 class PlacementError(PlanError):
     """A placement does not cover every row of every matrix exactly once."""
 
 
-def split_candidates(tensors: Iterable[TensorSpec], n_layer: int) -> list[TensorSpec]:
+def split_candidates(tensors: Iterable[TensorSpec], n_layer: int,
+                     order: str = "host_speed") -> list[TensorSpec]:
     """Matrices that may be split, in the order they give up rows. Vectors, the tiny ssm_alpha /
     ssm_beta projections, the embedding (handled whole by the host-embedding step) and MTP blocks
     are never candidates."""
+    if order not in SPLIT_ORDERS:
+        raise ValueError(f"split order {order!r}; known: {', '.join(SPLIT_ORDERS)}")
     by_name = {t.name: t for t in tensors}
     out: list[TensorSpec] = []
     for kinds in (FFN_KINDS, MIXER_KINDS):
+        tier = []
         for il in range(n_layer - 1, -1, -1):
             for k in kinds:
                 t = by_name.get(f"blk.{il}.{k}.weight")
                 if t is not None and t.n_rows >= SPLIT_ROW_QUANTUM:
-                    out.append(t)
+                    tier.append(t)
+        if order == "host_speed":
+            tier.sort(key=lambda t: speed_rank(t.qtype))     # stable: layer rule inside a class
+        out += tier
     if "output.weight" in by_name:
         out.append(by_name["output.weight"])
     return out
