@@ -1,13 +1,19 @@
 """Device benchmark of decode attention on the quantized KV cache (issue 11), for the lead to run.
 
     python3 bench/kv_quant.py --ctx 8192,32768,131072 --types f16,q8_0,tq4,tq3,q8_0+tq3 --out $OUT
+    python3 bench/kv_quant.py --ctx 32768 --types f16,q8_0,tq3,tq4 --extras old,new --pdl 0,1 \
+        --pieces --out $OUT
 
 One 27B attention block (24 query heads, 4 KV heads, head_dim 256), one decode token at T cached
 positions. f16 runs tightfit/kernels/attn_decode.py; the others attn_decode_q.py (q rotation,
-attention, un-rotation + gate: 3-4 launches). Split-K (chunk 512) above 1024 tokens, like the
-executor. Per (type, T): median time from CUDA graphs replaying the step over S independent
-layer caches (S chosen so the caches exceed 4x the L2, i.e. the time includes reading the cache
-from HBM), the effective cache bandwidth, the quantize-on-write time of one token (torch path),
+attention, merge + un-rotation + gate: 2-3 launches; --extras old,new also times the former
+3-4 launches, TIGHTFIT_ATTNQ_EXTRAS=old). Split-K (chunk 512) above 1024 tokens, like the
+executor. --pieces also times each launch of the quantized call alone (graphs of that launch
+only: the attention kernel vs the work around it); --pdl 0,1 runs with and without programmatic
+dependent launch (TIGHTFIT_PDL); --xcfg sweeps the new kernels' tiles (TIGHTFIT_ATTNQ_XCFG).
+Per (type, T): median time from CUDA graphs replaying the step over S independent layer caches
+(S chosen so the caches exceed 4x the L2, i.e. the time includes reading the cache from HBM),
+the effective cache bandwidth, the quantize-on-write time of one token (torch path),
 and the max error against float64 on the same quantized bytes (first layer only, T <= 32K).
 JSON lines go to OUT/kv_quant.jsonl, a table to stdout.
 """
@@ -136,8 +142,26 @@ def sass_table(types: list[str], ctxs: list[int], bt: int, warps: int, stages: i
         print(f"f16 bytes floor @{T // 1024}K: {cache_bytes('f16', T) / 4.28e12 * 1e6:.1f} us")
 
 
+def graph_ms(fns, reps: int = 20) -> float:
+    """Median ms per callable of a CUDA graph that runs every callable of `fns` once."""
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for fn in fns:
+            fn()
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) / len(fns))
+    return sorted(times)[len(times) // 2]
+
+
 def bench_one(kv_type: str, T: int, dev, l2: int, bt: int, warps: int, stages: int = 1,
-              chunk: int = CHUNK, backend: str | None = None) -> dict:
+              chunk: int = CHUNK, backend: str | None = None, pieces: bool = False) -> dict:
     gen = torch.Generator(device=dev).manual_seed(T)
     per = cache_bytes(kv_type, T)
     S = max(1, min(16, math.ceil(4 * l2 / per)))
@@ -170,25 +194,24 @@ def bench_one(kv_type: str, T: int, dev, l2: int, bt: int, warps: int, stages: i
         err = float((out.double().cpu() - ref).abs().max() / ref.abs().max())
     for kc, vc in layers:                       # warm-up / compile
         step(kc, vc)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for kc, vc in layers:
-            step(kc, vc)
-    times = []
-    for _ in range(20):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1) / S)
-    t_ms = sorted(times)[len(times) // 2]
+    t_ms = graph_ms([lambda kc=kc, vc=vc: step(kc, vc) for kc, vc in layers])
+    piece_ms = {}
+    if pieces and kv_type != "f16":
+        # each launch alone over the S layers (inputs left by the calls above): the attention
+        # kernel vs the work around it; sum(pieces) vs time_ms shows the gaps between launches
+        per_layer = [AQ.attn_decode_q_pieces(q, kc, vc, qg, out, status, ws, nch, chunk, BT=bt,
+                                             num_warps=warps, num_stages=stages, backend=backend)
+                     for kc, vc in layers]
+        for i, (name, _) in enumerate(per_layer[0]):
+            piece_ms[name] = graph_ms([pl[i][1] for pl in per_layer])
     w_ms = write_ms(kv_type, layers[0][0], layers[0][1], T, dev, gen)
     from tightfit.kernels import attn_decode_q_cuda as C
     cfg = dict(C.last_config) if kv_type != "f16" else {}
     return {"kv_type": kv_type, "T": T, "layers_in_graph": S, "cache_bytes": per,
             "attnq": os.environ.get("TIGHTFIT_ATTNQ_CFG", ""), "cuda_cfg": cfg,
+            "extras": "" if kv_type == "f16" else AQ.extras_mode(),
+            "xcfg": os.environ.get(AQ.XCFG_ENV, ""), "pdl": os.environ.get("TIGHTFIT_PDL", "0"),
+            "piece_ms": piece_ms,
             "time_ms": t_ms, "GBps": per / (t_ms * 1e-3) / 1e9, "max_rel_err_vs_f64": err,
             "write_one_token_ms": w_ms, "n_chunks": nch, "chunk": chunk, "bt": bt,
             "warps": warps, "stages": stages, "backend": _backend_used(kv_type, backend, q, layers)}
@@ -226,6 +249,16 @@ def main() -> int:
                          "(ring stages, TIGHTFIT_ATTNQ_NST), nl (chunks launched, "
                          "TIGHTFIT_ATTNQ_NL); '' = the launcher's own choice, e.g. "
                          "--attnq ';nw=4;nl=132;nl=132,nw=8'")
+    ap.add_argument("--extras", default="new",
+                    help="comma list of old,new: the launches around the quantized attention "
+                         "kernel (TIGHTFIT_ATTNQ_EXTRAS), one row each")
+    ap.add_argument("--xcfg", default="",
+                    help="';'-separated TIGHTFIT_ATTNQ_XCFG values to sweep for extras=new, e.g. "
+                         "';obn=64,onw=8;rc=64;qbn=16' ('' = attn_decode_q.XCFG)")
+    ap.add_argument("--pdl", default=os.environ.get("TIGHTFIT_PDL", "0"),
+                    help="comma list of TIGHTFIT_PDL values (0,1), one row each")
+    ap.add_argument("--pieces", action="store_true",
+                    help="also time each launch of the quantized call alone (piece_ms)")
     a = ap.parse_args()
     if a.sass:
         sass_table(a.types.split(","), [int(x) for x in a.ctx.split(",")], a.bt, a.warps,
@@ -241,42 +274,64 @@ def main() -> int:
     with open(os.path.join(a.out, f"kv_quant{a.tag}.jsonl"), "w") as f:
         keys = {"nw": "TIGHTFIT_ATTNQ_NW", "nst": "TIGHTFIT_ATTNQ_NST", "nl": "TIGHTFIT_ATTNQ_NL"}
         cfgs = a.attnq.split(";") if a.attnq else [""]
+        xcfgs = a.xcfg.split(";") if a.xcfg else [""]
         for T in [int(x) for x in a.ctx.split(",")]:
             for t in a.types.split(","):
-                for cfg in (cfgs if t != "f16" else [""]):
-                    for v in list(keys.values()) + ["TIGHTFIT_ATTNQ_CFG"]:
+                variants = [("", "", "", p) for p in a.pdl.split(",")] if t == "f16" else [
+                    (cfg, ex, xc, p) for cfg in cfgs for ex in a.extras.split(",")
+                    for xc in (xcfgs if ex == "new" else [""]) for p in a.pdl.split(",")]
+                for cfg, ex, xc, p in variants:
+                    for v in list(keys.values()) + ["TIGHTFIT_ATTNQ_CFG", AQ.EXTRAS_ENV,
+                                                    AQ.XCFG_ENV]:
                         os.environ.pop(v, None)
                     for kv in filter(None, cfg.split(",")):
                         k, v = kv.split("=")
                         os.environ[keys[k.strip()]] = v.strip()
                     os.environ["TIGHTFIT_ATTNQ_CFG"] = cfg
+                    os.environ["TIGHTFIT_PDL"] = p
+                    if ex:
+                        os.environ[AQ.EXTRAS_ENV] = ex
+                    if xc:
+                        os.environ[AQ.XCFG_ENV] = xc
                     try:
                         r = bench_one(t, T, dev, l2, a.bt, a.warps, a.stages, a.chunk,
-                                      None if a.backend == "auto" else a.backend)
+                                      None if a.backend == "auto" else a.backend, a.pieces)
                     except Exception as e:          # keep the other rows
-                        r = {"kv_type": t, "T": T, "attnq": cfg,
-                             "error": f"{type(e).__name__}: {e}"}
+                        r = {"kv_type": t, "T": T, "attnq": cfg, "extras": ex, "xcfg": xc,
+                             "pdl": p, "error": f"{type(e).__name__}: {e}"}
                     rows.append(r)
                     f.write(json.dumps(r) + "\n")
                     f.flush()
                     print(json.dumps(r), flush=True)
                     torch.cuda.empty_cache()
     print(f"\nbt={a.bt} warps={a.warps} stages={a.stages} chunk={a.chunk} backend={a.backend}")
-    print(f"{'type':>10} {'T':>7} {'MiB':>8} {'ms':>8} {'GB/s':>7} {'vs f16':>7} {'err':>8} {'write ms':>8}"
-          f"  attnq / build (NW NST MINB regs smem grid)")
-    base = {r["T"]: r["time_ms"] for r in rows if r.get("kv_type") == "f16" and "time_ms" in r}
+    print(f"{'type':>10} {'T':>7} {'ex':>3} {'pdl':>3} {'MiB':>8} {'ms':>8} {'GB/s':>7} "
+          f"{'vs f16':>7} {'err':>8} {'write ms':>8} {'attn us':>7} {'rest us':>7}"
+          f"  pieces us / xcfg / attnq / build (NW NST MINB regs smem grid)")
+    base = {(r["T"], r.get("pdl")): r["time_ms"] for r in rows
+            if r.get("kv_type") == "f16" and "time_ms" in r}
     for r in rows:
         if "error" in r:
-            print(f"{r['kv_type']:>10} {r['T']:>7} [{r.get('attnq', '')}] {r['error']}")
+            print(f"{r['kv_type']:>10} {r['T']:>7} {r.get('extras', ''):>3} {r.get('pdl', ''):>3} "
+                  f"[{r.get('attnq', '')}] [{r.get('xcfg', '')}] {r['error']}")
             continue
+        pm = r.get("piece_ms") or {}
+        # attn us: the attention kernel alone; rest us: the whole call minus it (the launches
+        # around it and the gaps between them)
+        at = f"{pm['attn'] * 1e3:>7.1f}" if "attn" in pm else f"{'':>7}"
+        rest = f"{(r['time_ms'] - pm['attn']) * 1e3:>7.1f}" if "attn" in pm else f"{'':>7}"
+        pcs = " ".join(f"{k}={v * 1e3:.1f}" for k, v in pm.items())
+        pcs = (pcs + f" [{r.get('xcfg', '')}] ") if (pcs or r.get("xcfg")) else ""
         c = r.get("cuda_cfg") or {}
         build = (f"[{r.get('attnq', '')}] NW={c.get('NW')} NST={c.get('NST')} MINB={c.get('MINB')} "
                  f"regs={c.get('regs')} smem={c.get('smem')} grid={c.get('grid')}") if c else ""
-        rel = r["time_ms"] / base[r["T"]] if r["T"] in base else float("nan")
+        b = base.get((r["T"], r.get("pdl")))
+        rel = r["time_ms"] / b if b else float("nan")
         err = "" if r["max_rel_err_vs_f64"] is None else f"{r['max_rel_err_vs_f64']:.1e}"
         wr = "" if r["write_one_token_ms"] is None else f"{r['write_one_token_ms']:.4f}"
-        print(f"{r['kv_type']:>10} {r['T']:>7} {r['cache_bytes'] / 2**20:>8.1f} {r['time_ms']:>8.4f} "
-              f"{r['GBps']:>7.0f} {rel:>7.2f} {err:>8} {wr:>8}  {build}")
+        print(f"{r['kv_type']:>10} {r['T']:>7} {r.get('extras', ''):>3} {r.get('pdl', ''):>3} "
+              f"{r['cache_bytes'] / 2**20:>8.1f} {r['time_ms']:>8.4f} "
+              f"{r['GBps']:>7.0f} {rel:>7.2f} {err:>8} {wr:>8} {at} {rest}  {pcs}{build}")
     return 0
 
 

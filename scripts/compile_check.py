@@ -14,7 +14,11 @@ Triton's cache (~/.triton/cache, per version) holds them; -k narrows it (e.g. -k
 Options: -k SUBSTR (only variants whose kernel or label contains SUBSTR; repeatable),
 -j N (worker processes; default: all cores), --fresh (empty Triton cache in a temp dir, so
 nothing is served from ~/.triton/cache), --list (print the variants, compile nothing),
---strict (a @triton.jit kernel that no scenario launches is a failure too), --regs (append
+--strict (a @triton.jit kernel that no scenario launches is a failure too), --pdl (the
+programmatic-dependent-launch variants instead: every recorded launch of a kernel with a `PDL`
+constexpr is compiled with PDL=True and launch_pdl=True, its PTX must contain
+griddepcontrol.wait, and every kernel of PDL_KERNELS must have such a variant; at most 3
+variants per kernel unless --pdl-all), --regs (append
 each variant's REG / STACK / LOCAL from its cubin (the bundled cuobjdump) and Triton's dynamic
 SMEM bytes; LOCAL or STACK > 0: spills).
 
@@ -66,13 +70,31 @@ class _FakeDriver:
 # ---- recording launches ---------------------------------------------------------------------------
 RECORDS: list = []        # (scenario, fn, signature, constexprs, options dict, attrs)
 _SCENARIO = ["?"]
+_PDL = [False]            # --pdl: record the PDL=True variants only
+
+# the Triton kernels of the decode step that follow tightfit.kernels.pdl's rules (--pdl checks
+# that each has a PDL=True variant that compiles and waits)
+PDL_KERNELS = {("norm", "_add_rmsnorm_kernel"), ("norm", "_swiglu_kernel"),
+               ("norm", "_gated_rmsnorm_kernel"), ("norm", "_commit_kernel"),
+               ("gdn", "_conv_step_kernel"), ("gdn", "_gdn_step_kernel"),
+               ("attn_decode", "_qk_prep_kernel"), ("attn_decode", "_attn_kernel"),
+               ("attn_decode", "_reduce_kernel"), ("kv_write_q", "_qkv_write_kernel"),
+               ("embed", "_embed_q_kernel"), ("embed", "_embed_f_kernel"),
+               ("quantize_act", "_quant_kernel"), ("gemv2_act", "_prep_kernel"),
+               ("gemv2_small", "gemv2s_kernel"), ("gemv2", "_reduce_kernel")}
 
 
 def _record(self, key, signature, device, constexprs, options, attrs, warmup):
     ce = dict(constexprs)
     if "EMU" in self.arg_names:
         ce[(self.arg_names.index("EMU"),)] = False
-    RECORDS.append((_SCENARIO[0], self, dict(signature), ce, dict(options.__dict__), attrs))
+    opts = dict(options.__dict__)
+    if _PDL[0]:
+        if "PDL" not in self.arg_names:
+            return None
+        ce[(self.arg_names.index("PDL"),)] = True
+        opts["launch_pdl"] = True
+    RECORDS.append((_SCENARIO[0], self, dict(signature), ce, opts, attrs))
     return None          # run() returns before launching
 
 
@@ -326,8 +348,46 @@ def scen_attn_prefill():
         _scn(f"attn_prefill flash {kv}", AF.flash_attn_prefill, q, kcq, vcq, 160, kv, tile=64)
 
 
+def scen_attn_q_extras():
+    """attn_decode_q's work around the attention kernel: the new q rotation / merge + output
+    kernels with programmatic dependent launch (PDL=True variants, pdl.enabled forced on), and
+    the former launches (TIGHTFIT_ATTNQ_EXTRAS=old: _rowmat_kernel, _reduce_q_kernel); each
+    also as on the device's CUDA-attention path (attn_decode_q_cuda stubbed out: merge BT=16)."""
+    from tightfit.kernels import attn_decode_q as AQ
+    from tightfit.kernels import attn_decode_q_cuda as C
+    from tightfit.kernels import pdl
+    from tightfit.kvquant.formats import get_format, split_kv_type
+    st = torch.zeros(4, dtype=torch.int32)
+    q, qg, out = torch.zeros(H, 2 * D)[:, :D].contiguous(), torch.zeros(H, 2 * D), \
+        torch.zeros(H, D)
+    real, env = (pdl.enabled, C.usable, C.attn), os.environ.get(AQ.EXTRAS_ENV)
+    try:
+        for mode, pdl_on, cuda in (("new", True, False), ("new", True, True),
+                                   ("old", False, False), ("old", False, True)):
+            os.environ[AQ.EXTRAS_ENV] = mode
+            pdl.enabled = (lambda device=None: True) if pdl_on else real[0]
+            C.usable = (lambda *a: True) if cuda else real[1]
+            C.attn = (lambda *a, **k: None) if cuda else real[2]
+            for kv in ("q8_0", "tq3", "tq4", "q8_0+tq3", "tq3+q8_0"):
+                kn, vn = split_kv_type(kv)
+                kcq = torch.zeros(64, HKV, get_format(kn).row_bytes(D), dtype=torch.uint8)
+                vcq = torch.zeros(64, HKV, get_format(vn).row_bytes(D), dtype=torch.uint8)
+                wsq = AQ.make_workspace(kv, H, D, 8192)
+                tag = f"attn_q extras={mode} pdl={int(pdl_on)} cuda={int(cuda)} {kv}"
+                _scn(f"{tag} single", AQ.attn_decode_q, q, kcq, vcq, qg, out, st, wsq)
+                _scn(f"{tag} split", AQ.attn_decode_q, q, kcq, vcq, qg, out, st, wsq,
+                     n_chunks=16)
+    finally:
+        pdl.enabled, C.usable, C.attn = real
+        if env is None:
+            os.environ.pop(AQ.EXTRAS_ENV, None)
+        else:
+            os.environ[AQ.EXTRAS_ENV] = env
+
+
 SCENARIOS = [scen_gemv_v1, scen_gemv_v2, scen_quant_act, scen_gemm_q, scen_embed, scen_gemv_t3,
-             scen_attention, scen_attn_prefill, scen_norm_gdn, scen_norm_quant, scen_block_step]
+             scen_attention, scen_attn_q_extras, scen_attn_prefill, scen_norm_gdn,
+             scen_norm_quant, scen_block_step]
 
 
 # ---- compiling ------------------------------------------------------------------------------------
@@ -385,6 +445,8 @@ def _compile(i):
     t0 = time.time()
     try:
         ck = triton.compile(ASTSource(fn, sig, ce, attrs), target=TARGET, options=opts)
+        if _PDL[0] and "griddepcontrol.wait" not in ck.asm["ptx"]:
+            return i, False, "PDL=True but no griddepcontrol.wait in the PTX", time.time() - t0
         info = ""
         if os.environ.get("COMPILE_CHECK_REGS"):
             try:
@@ -437,7 +499,10 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--strict", action="store_true")
     ap.add_argument("--regs", action="store_true")
+    ap.add_argument("--pdl", action="store_true")
+    ap.add_argument("--pdl-all", action="store_true")
     a = ap.parse_args(argv)
+    _PDL[0] = a.pdl or a.pdl_all
     if a.regs:
         os.environ["COMPILE_CHECK_REGS"] = "1"
     if a.fresh:
@@ -468,6 +533,11 @@ def main(argv=None) -> int:
             seen[key] = r
     units = sorted(seen.values(), key=lambda r: (r[1].module, r[1].__name__,
                                                  _label(r[1], r[3], r[4])))
+    if _PDL[0] and not a.pdl_all:      # the PDL prologue does not depend on the other constexprs
+        per: dict = {}
+        units = [u for u in units
+                 if per.setdefault((u[1].module, u[1].__name__), []).append(u) or
+                 len(per[(u[1].module, u[1].__name__)]) <= 3]
     if a.k:
         units = [u for u in units if any(s in f"{u[1].__name__} {_label(u[1], u[3], u[4])} "
                                          f"{u[0]}" for s in a.k)]
@@ -504,8 +574,13 @@ def main(argv=None) -> int:
     for scen, _, _, _, _, msg in broken:
         nfail += 1
         print(f"| (launcher) | {scen} | ERROR launcher failed on CPU: {msg[:200]} | |")
+    if _PDL[0] and not a.k:
+        have = {(r[1].module.split(".")[-1], r[1].__name__) for r in RECORDS if r[1]}
+        for mod, name in sorted(PDL_KERNELS - have):
+            print(f"| {mod}.{name} | PDL=True | ERROR no launch passes PDL (no PDL constexpr?) | |")
+            nfail += 1
     covered = {(u[1].module.split(".")[-1], u[1].__name__) for u in units} if not a.k else None
-    if covered is not None:
+    if covered is not None and not _PDL[0]:
         # kernels launched through a scenario but filtered/deduped still count as covered
         covered |= {(r[1].module.split(".")[-1], r[1].__name__) for r in RECORDS if r[1]}
         missing = sorted(_jit_kernels() - covered)

@@ -7,7 +7,8 @@ fp32 already normed + roped, qg [H, 2D] with the output gate in the second half 
 T = status[2] + 1 rows, grouped GQA (query head h reads KV head h // (H/Hkv)).
 
 Steps (spec quant-formats §6.4, "keep the codebook domain rotated"):
-  1. `_rowmat_kernel`: q_rot = R q once per head (only if the K format rotates);
+  1. `_qrot_kernel`: q_rot = R q, grid (H, D / qbn), each program the full D-long dots of its
+     qbn outputs in one tile (only if the K format rotates; else the attention reads q itself);
   2. `_attn_q_kernel`, one program per (KV head, chunk) holding the whole query group (padded to
      16 rows for tl.dot): per tile of BT rows the raw planes are read as [BT, D/SUB] words (one
      wide load per plane, the next tile's words prefetched before the current one is decoded);
@@ -19,12 +20,21 @@ Steps (spec quant-formats §6.4, "keep the codebook domain rotated"):
      vs float64 on the same codes (tests/test_kvquant_kernel.py states the bound).
      - single pass (n_chunks = 1): writes o_rot = acc / l;
      - split-K (n_chunks > 1): the rows per program are computed on the device from T
-       (`_chunk_rows`), partial (max, denom, acc) to the workspace, `_reduce_q_kernel` merges the
-       valid chunks (16 at a time, safe max/denominator merge) into o_rot;
-  3. `_rowmat_kernel`: out = (R^T o_rot) * sigmoid(gate) once per head (rotation only if the V
-     format rotates).
-R is the [D, D] float32 rotation matrix (D2 H D1 / sqrt(D)); both rotations read it, with
-transposed strides for step 1.
+       (`_chunk_rows`), partial (max, denom, acc) to the workspace.
+     The CUDA C++ kernel of attn_decode_q_cuda replaces it when usable (same buffers).
+  3. `_merge_out_kernel`, grid (H, D / obn): merges the valid split-K chunks of its head (safe
+     max / denominator merge; single pass: reads o_rot) and writes its obn columns of
+     out = (R^T o_rot) * sigmoid(gate) (rotation only if the V format rotates).
+So 2-3 launches, each a one-round-trip grid of 100-200 programs. With TIGHTFIT_PDL=1 (sm_90,
+tightfit/kernels/pdl.py) the Triton kernels launch with programmatic dependent launch: R is read
+before `gdc_wait`, q / partials / status / gate after it. TIGHTFIT_ATTNQ_EXTRAS=old brings back
+the former launches for device A/B: `_rowmat_kernel` (q_rot, grid (H,), D/16 serial steps),
+attention, `_reduce_q_kernel` (merge, grid (H,)), `_rowmat_kernel` (un-rotation + gate), no PDL;
+measured at 32K on the H200 those three cost ~45 us per layer around a 45 us attention kernel.
+TIGHTFIT_ATTNQ_XCFG tunes the new kernels' tiles (XCFG).
+R is the [D, D] float32 rotation matrix (D2 H D1 / sqrt(D)); step 1 reads row tiles R[j, :],
+step 3 column tiles R[:, j] (a dense product: at D = 256 a tile from L2 costs less than a
+register Walsh-Hadamard transform would, and R stays the one workspace input).
 
 Workspace (`QuantAttnWorkspace`): R (D*D*4 B), two codebooks (16 floats each), q_rot and o_rot
 (H*D*4 B each) and, for split-K, m, l [H, n_chunks] + acc [H, n_chunks, D] fp32, the same
@@ -36,13 +46,16 @@ tightfit.kvquant.reference.attention_quant_f64 (dequantizes everything to the or
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tightfit.kernels import attn_decode_q_cuda as C
+from tightfit.kernels import pdl
 from tightfit.kvquant.formats import DEFAULT_SEED, get_format, rotation_matrix, split_kv_type
 
 SINGLE_PASS_MAX = 1024
@@ -133,9 +146,11 @@ def _attn_q_kernel(q_ptr, kc_ptr, vc_ptr, kcb_ptr, vcb_ptr, o_ptr, m_ptr, l_ptr,
                    status_ptr, Hkv, NCH, CHUNK, qk_scale,
                    D: tl.constexpr, GRP: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
                    KB: tl.constexpr, KG: tl.constexpr, VB: tl.constexpr, VG: tl.constexpr,
-                   SPLIT: tl.constexpr, MINR: tl.constexpr = 128):
+                   SPLIT: tl.constexpr, MINR: tl.constexpr = 128, PDL: tl.constexpr = False):
     kvh = tl.program_id(0)
     c = tl.program_id(1)
+    if PDL:                 # q_rot, status and the caches come from earlier kernels
+        gdc_wait()
     T = tl.load(status_ptr + 2) + 1
     if SPLIT:
         ch = _chunk_rows(T, tl.num_programs(1), CHUNK, BT, MINR)
@@ -252,6 +267,78 @@ def _rowmat_kernel(x_ptr, m_ptr, sk, sj, gate_ptr, gate_stride, y_ptr,
     tl.store(y_ptr + h * D + j, y)
 
 
+@triton.jit
+def _qrot_kernel(q_ptr, r_ptr, y_ptr, D: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
+    """y[h, j] = sum_k R[j, k] q[h, k] for the BN outputs j of program (h, jb): the whole
+    D-long dot of each output in one [BN, D] tile (one dependent load of q after the wait,
+    instead of the old kernel's D / BK serial steps over 24 programs)."""
+    h = tl.program_id(0)
+    j = tl.program_id(1) * BN + tl.arange(0, BN)
+    k = tl.arange(0, D)
+    r = tl.load(r_ptr + j[:, None] * D + k[None, :])       # R is immutable: read before the wait
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    x = tl.load(q_ptr + h * D + k)
+    tl.store(y_ptr + h * D + j, tl.sum(r * x[None, :], axis=1))
+
+
+@triton.jit
+def _merge_out_kernel(o_ptr, m_ptr, l_ptr, acc_ptr, status_ptr, r_ptr, gate_ptr, gate_stride,
+                      out_ptr, NCH, NL, CHUNK, D: tl.constexpr, BN: tl.constexpr,
+                      RC: tl.constexpr, BT: tl.constexpr, MINR: tl.constexpr,
+                      SPLIT: tl.constexpr, ROT: tl.constexpr, PDL: tl.constexpr):
+    """out[h, j] = (o_rot[h] R)[j] * sigmoid(gate[h, j]) for the BN outputs j of program (h, jb),
+    o_rot merged here from the split-K partials (SPLIT) or read (single pass). With ROT every
+    program needs all D columns of o_rot (merges the whole [nv, D] partials of its head: 64 KB
+    at 32K, from L2); without it only its own BN columns."""
+    h = tl.program_id(0)
+    j = tl.program_id(1) * BN + tl.arange(0, BN)
+    if ROT:
+        cols = tl.arange(0, D)
+        rt = tl.load(r_ptr + cols[:, None] * D + j[None, :])        # R[k, j], before the wait
+    else:
+        cols = j
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    g = tl.load(gate_ptr + h * gate_stride + j)       # issued early: independent of the merge
+    if SPLIT:
+        T = tl.load(status_ptr + 2) + 1
+        ch = _chunk_rows(T, NL, CHUNK, BT, MINR)
+        nv = (T + ch - 1) // ch                 # chunks holding rows (>= 1; m finite in each)
+        # one pass, RC chunks per step: lane c keeps a running (max, denominator, [cols] sum)
+        # of chunks c, c + RC, ...; the lanes are merged once at the end (at 32K: nv = 64, two
+        # steps of RC = 32, no separate pass for the maximum)
+        ca = tl.arange(0, RC)
+        mv = tl.full([RC], float("-inf"), tl.float32)
+        lv = tl.zeros([RC], tl.float32)
+        ov = tl.zeros([RC, cols.shape[0]], tl.float32)
+        for c0 in range(0, nv, RC):
+            c = c0 + ca
+            cv = c < nv
+            mc = tl.load(m_ptr + h * NCH + c, mask=cv, other=float("-inf"))
+            lc = tl.load(l_ptr + h * NCH + c, mask=cv, other=0.0)
+            ac = tl.load(acc_ptr + (h * NCH + c)[:, None] * D + cols[None, :], mask=cv[:, None],
+                         other=0.0)
+            mn = tl.maximum(mv, mc)
+            ms = tl.where(mn == float("-inf"), 0.0, mn)       # empty lane: keep 0, not NaN
+            a = tl.exp2(mv - ms)
+            b = tl.exp2(mc - ms)
+            lv = lv * a + lc * b
+            ov = ov * a[:, None] + ac * b[:, None]
+            mv = mn
+        w = tl.exp2(mv - tl.max(mv, axis=0))        # lane 0 always holds chunk 0: finite max
+        o = tl.sum(ov * w[:, None], axis=0) / tl.sum(lv * w, axis=0)
+    else:
+        o = tl.load(o_ptr + h * D + cols)
+    if ROT:
+        y = tl.sum(o[:, None] * rt, axis=0)
+    else:
+        y = o
+    tl.store(out_ptr + h * D + j, y / (1.0 + tl.exp(-g)))
+
+
 # ---- host side -----------------------------------------------------------------------------------
 @dataclass
 class QuantAttnWorkspace:
@@ -302,6 +389,100 @@ def make_workspace(kv_type: str, n_head: int, head_dim: int, max_ctx: int,
     return ws
 
 
+EXTRAS_ENV = "TIGHTFIT_ATTNQ_EXTRAS"    # "old": the former rowmat / reduce / rowmat launches
+XCFG_ENV = "TIGHTFIT_ATTNQ_XCFG"        # "key=val,..." over XCFG (device sweeps)
+# qbn / qnw: outputs and warps per program of _qrot_kernel (grid H x D/qbn); obn / onw: the same
+# for _merge_out_kernel; rc: chunks per step of its merge ([rc, D] partial tile)
+XCFG = dict(qbn=32, qnw=4, obn=32, onw=8, rc=32)
+
+
+def extras_mode() -> str:
+    m = os.environ.get(EXTRAS_ENV, "").strip().lower() or "new"
+    if m not in ("new", "old"):
+        raise ValueError(f"{EXTRAS_ENV}={m!r}: expected 'new' or 'old'")
+    return m
+
+
+def extras_config(D: int) -> dict:
+    c = dict(XCFG)
+    for kv in filter(None, os.environ.get(XCFG_ENV, "").split(",")):
+        k, v = kv.split("=")
+        if k.strip() not in c:
+            raise ValueError(f"{XCFG_ENV}: unknown key {k.strip()!r} (have {sorted(c)})")
+        c[k.strip()] = int(v)
+    c["qbn"], c["obn"] = min(c["qbn"], D), min(c["obn"], D)
+    return c
+
+
+def attn_decode_q_pieces(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace,
+                         n_chunks: int = 1, chunk: int = DEFAULT_CHUNK, BT: int = ATTN_BT,
+                         num_warps: int = ATTN_WARPS, num_stages: int = ATTN_STAGES,
+                         backend: str | None = None) -> list:
+    """The launches of one `attn_decode_q` call, in order, as (name, fn) pairs: "attn" is the
+    attention kernel, the others the work around it (new: "qrot" when K rotates, "merge_out";
+    TIGHTFIT_ATTNQ_EXTRAS=old: "rowmat_q", "reduce" when split, "rowmat_out"). bench/kv_quant.py
+    times them alone to show where the time goes."""
+    H, D = q.shape
+    Hkv = kcache.shape[1]
+    kf, vf = (get_format(n) for n in split_kv_type(ws.kv_type))
+    assert kcache.shape[2] == kf.row_bytes(D) and vcache.shape[2] == vf.row_bytes(D)
+    grp = H // Hkv
+    GP = max(16, triton.next_power_of_2(grp))
+    scale = LOG2E / math.sqrt(D)
+    old = extras_mode() == "old"
+    pk = {} if old else pdl.triton_launch_kwargs(q.device)
+    P = bool(pk)
+    qg2 = qg.reshape(H, 2 * D)
+    split = n_chunks > 1
+    NCH = ws.m.shape[1] if split else 1
+    assert n_chunks <= NCH
+    cfg = extras_config(D)
+    pieces = []
+    if old:
+        BK = min(16, D)
+        pieces.append(("rowmat_q", lambda: _rowmat_kernel[(H,)](
+            q, ws.R, 1, D, q, 0, ws.q_rot, D=D, BK=BK, ROT=kf.rotate, GATE=False, num_warps=4)))
+        q_in = ws.q_rot
+    elif kf.rotate:
+        qbn = cfg["qbn"]
+        pieces.append(("qrot", lambda: _qrot_kernel[(H, D // qbn)](
+            q, ws.R, ws.q_rot, D=D, BN=qbn, PDL=P, num_warps=cfg["qnw"], **pk)))
+        q_in = ws.q_rot
+    else:
+        q_in = q                    # nothing to rotate: the attention kernel reads q itself
+    o = ws.o_rot
+    m, l, acc = (ws.m, ws.l, ws.acc) if split else (o, o, o)
+    if backend != "triton" and (backend == "cuda" or C.usable(q, kf, vf, Hkv)):
+        # CUDA C++ kernel (attn_decode_q_cuda): same partials, rows per CTA with BT = 16
+        nl = C.n_launch_for(n_chunks, NCH) if split else 1   # TIGHTFIT_ATTNQ_NL may change it
+        mbt = C.TILE
+        pieces.append(("attn", lambda: C.attn(
+            q_in, kcache, vcache, ws.kcb, ws.vcb, o, m, l, acc, status, kf, vf, grp, NCH,
+            max(1, nl), chunk if split else 1 << 30, MIN_CHUNK_ROWS, scale, split)))
+    else:
+        nl, mbt = n_chunks, BT
+        meta = dict(D=D, GRP=grp, GP=GP, BT=BT, KB=kf.bits, KG=kf.group, VB=vf.bits, VG=vf.group,
+                    MINR=MIN_CHUNK_ROWS, num_warps=num_warps, num_stages=num_stages)
+        pieces.append(("attn", lambda: _attn_q_kernel[(Hkv, max(1, n_chunks))](
+            q_in, kcache, vcache, ws.kcb, ws.vcb, o, m, l, acc, status, Hkv, NCH,
+            chunk if split else 1 << 30, scale, SPLIT=split, PDL=P, **meta, **pk)))
+    if old:
+        if split:
+            pieces.append(("reduce", lambda: _reduce_q_kernel[(H,)](
+                o, m, l, acc, status, NCH, nl, chunk, D=D, BT=mbt, MINR=MIN_CHUNK_ROWS, RC=16,
+                num_warps=4)))
+        pieces.append(("rowmat_out", lambda: _rowmat_kernel[(H,)](
+            o, ws.R, D, 1, qg2[:, D:], qg2.stride(0), out, D=D, BK=BK, ROT=vf.rotate, GATE=True,
+            num_warps=4)))
+    else:
+        obn = cfg["obn"]
+        pieces.append(("merge_out", lambda: _merge_out_kernel[(H, D // obn)](
+            o, m, l, acc, status, ws.R, qg2[:, D:], qg2.stride(0), out, NCH, nl, chunk, D=D,
+            BN=obn, RC=cfg["rc"], BT=mbt, MINR=MIN_CHUNK_ROWS, SPLIT=split,
+            ROT=vf.rotate, PDL=P, num_warps=cfg["onw"], **pk)))
+    return pieces
+
+
 def attn_decode_q(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace, n_chunks: int = 1,
                   chunk: int = DEFAULT_CHUNK, BT: int = ATTN_BT, num_warps: int = ATTN_WARPS,
                   num_stages: int = ATTN_STAGES, backend: str | None = None):
@@ -313,47 +494,11 @@ def attn_decode_q(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace, n_
     rounded up to BT, at least min(chunk, MIN_CHUNK_ROWS)), so all of T is always covered and a
     short context still spreads over all programs.
     backend: None (auto: the CUDA C++ kernel of attn_decode_q_cuda when `usable`, else Triton),
-    "triton" or "cuda" (BT / num_warps / num_stages are the Triton kernel's)."""
-    H, D = q.shape
-    Hkv = kcache.shape[1]
-    kf, vf = (get_format(n) for n in split_kv_type(ws.kv_type))
-    assert kcache.shape[2] == kf.row_bytes(D) and vcache.shape[2] == vf.row_bytes(D)
-    grp = H // Hkv
-    GP = max(16, triton.next_power_of_2(grp))
-    scale = LOG2E / math.sqrt(D)
-    BK = min(16, D)
-    _rowmat_kernel[(H,)](q, ws.R, 1, D, q, 0, ws.q_rot, D=D, BK=BK, ROT=kf.rotate, GATE=False,
-                         num_warps=4)
-    meta = dict(D=D, GRP=grp, GP=GP, BT=BT, KB=kf.bits, KG=kf.group, VB=vf.bits, VG=vf.group,
-                MINR=MIN_CHUNK_ROWS, num_warps=num_warps, num_stages=num_stages)
-    if backend != "triton" and (backend == "cuda" or C.usable(q, kf, vf, Hkv)):
-        # CUDA C++ kernel (attn_decode_q_cuda): same partials, rows per CTA with BT = 16
-        split = n_chunks > 1
-        NCH = ws.m.shape[1] if split else 1
-        assert n_chunks <= NCH
-        nl = C.n_launch_for(n_chunks, NCH)       # TIGHTFIT_ATTNQ_NL may change the grid
-        o = ws.o_rot
-        C.attn(ws.q_rot, kcache, vcache, ws.kcb, ws.vcb, o, ws.m if split else o,
-               ws.l if split else o, ws.acc if split else o, status, kf, vf, grp, NCH,
-               max(1, nl), chunk if split else 1 << 30, MIN_CHUNK_ROWS, scale, split)
-        if split:
-            _reduce_q_kernel[(H,)](ws.o_rot, ws.m, ws.l, ws.acc, status, NCH, nl, chunk,
-                                   D=D, BT=C.TILE, MINR=MIN_CHUNK_ROWS, RC=16, num_warps=4)
-    elif n_chunks <= 1:
-        o = ws.o_rot
-        _attn_q_kernel[(Hkv, 1)](ws.q_rot, kcache, vcache, ws.kcb, ws.vcb, o, o, o, o, status,
-                                 Hkv, 1, 1 << 30, scale, SPLIT=False, **meta)
-    else:
-        NCH = ws.m.shape[1]
-        assert n_chunks <= NCH
-        _attn_q_kernel[(Hkv, n_chunks)](ws.q_rot, kcache, vcache, ws.kcb, ws.vcb, ws.o_rot, ws.m,
-                                        ws.l, ws.acc, status, Hkv, NCH, chunk, scale, SPLIT=True,
-                                        **meta)
-        _reduce_q_kernel[(H,)](ws.o_rot, ws.m, ws.l, ws.acc, status, NCH, n_chunks, chunk, D=D,
-                               BT=BT, MINR=MIN_CHUNK_ROWS, RC=16, num_warps=4)
-    qg2 = qg.reshape(H, 2 * D)
-    _rowmat_kernel[(H,)](ws.o_rot, ws.R, D, 1, qg2[:, D:], qg2.stride(0), out, D=D, BK=BK,
-                         ROT=vf.rotate, GATE=True, num_warps=4)
+    "triton" or "cuda" (BT / num_warps / num_stages are the Triton kernel's).
+    Launches: see `attn_decode_q_pieces` (2-3 kernels; TIGHTFIT_ATTNQ_EXTRAS=old: 3-4)."""
+    for _, fn in attn_decode_q_pieces(q, kcache, vcache, qg, out, status, ws, n_chunks, chunk,
+                                      BT, num_warps, num_stages, backend):
+        fn()
     return out
 
 
