@@ -272,6 +272,9 @@ def one(args: argparse.Namespace) -> dict:
     except PlanError as e:
         r["error"] = str(e)
         return r
+    if plan.placement.host_segments():
+        from tightfit.model.placed import passive_host_threads
+        passive_host_threads()      # before host_read_bw starts numba's thread pool
     r["host_bw"] = bw = host_read_bw()
     import numba
     r.update(numba_threads=numba.get_num_threads(), numba_layer=numba.threading_layer(),

@@ -99,6 +99,7 @@ def test_profile_buckets(model, monkeypatch):
         assert rec["wall"] <= wall_out + 50_000          # + 50 us: the call itself
         for k in ("embed", "x_wait", "kernel", "gemv_other", "copy_back", "gpu_tail"):
             assert b[k] > 0, (k, b)
+        assert b["replay"] == 0                          # eager step: no segment graphs
         assert len(rec["calls"]) == n_groups             # every host group once per token
         assert sum(c[1] for c in rec["calls"]) == exe.host_weight_bytes
         assert all(c[2] > 0 and c[3] >= c[2] for c in rec["calls"])

@@ -39,8 +39,9 @@ and serves the rest from the host: the embedding table (one row decoded per toke
 suffix rows of split matrices (`hostw`, computed by tightfit.kernels.cpu_gemv while the GPU
 prefix runs; only activations cross PCIe). The KV cache (in the plan's format, f16 or
 quantized), recurrent banks and status word of the first live state are arena views too. MTP
-blocks are never loaded. With host matrix rows the step is not captured as a CUDA graph (host
-work sits between kernels).
+blocks are never loaded. With host matrix rows the step is not ONE CUDA graph (host work sits
+between kernels): tightfit.model.segments captures the GPU work between host calls as a chain of
+graphs replayed around them (TIGHTFIT_HOST_GRAPHS=0: the eager step).
 TIGHTFIT_HOST_PROFILE=1 (read once at import of tightfit.model.placed): `host_profile`, a
 host_profile.HostProfile timing each uncaptured step_token in buckets (embedding, x to the host,
 x quantization, kernels, copies back, GPU tail, the rest); None otherwise (no timing call).
@@ -262,6 +263,12 @@ class GPUModel:
             if use_graphs:
                 raise UserError("CUDA graphs cannot capture a step with host-computed rows")
             self.use_graphs = False
+        # ... but piecewise graphs between the host calls (tightfit.model.segments), unless
+        # TIGHTFIT_HOST_GRAPHS=0 (the eager step) or use_graphs=False was asked for
+        from tightfit.model import segments as _segments
+        self.host_graphs = bool(self.hostw) and self.device.type == "cuda" and \
+            use_graphs is not False and _segments.enabled()
+        self._seg_rec = None       # segments.Recorder while the segment graphs are captured
         self._alloc_buffers()
         # fused activation quantization (norm.py quant_out=): the producers of GEMV inputs
         # (add+RMSNorm, SwiGLU, gated RMSNorm) write the int8 copy themselves, so `_linears`
@@ -481,6 +488,9 @@ class GPUModel:
         suffix rows: x is sent to the host first, the GPU parts are launched, the CPU computes
         the host rows meanwhile, and only those output values are copied back."""
         host = [(name, out) for name, out in pairs if name in self.hostw]
+        if host and self._seg_rec is not None:     # capturing segment graphs: cut here
+            self._seg_rec.host_linears(x, pairs, host)
+            return
         if host:
             from tightfit.model.placed import to_host_async
             prof = self.host_profile           # None unless TIGHTFIT_HOST_PROFILE=1
@@ -489,6 +499,45 @@ class GPUModel:
             xh, ev = to_host_async(x, self._io, ("x", x.data_ptr()))
             if prof is not None:
                 prof.lap("x_d2h", t)
+        self._gpu_linears(x, pairs)
+        if not host:
+            return
+        if prof is not None:
+            t = prof.now()
+        if ev is not None:
+            ev.synchronize()                   # x is on the host; the GPU parts keep running
+        if prof is not None:
+            t = prof.lap("x_wait", t)
+        names = tuple(name for name, _ in host)
+        G = self._host_group(names)
+        key = ("y",) + names
+        if prof is not None:
+            t = prof.now()
+        buf = self._io.get(key, (1, G.n_rows)) if self._io is not None else None
+        if prof is not None:
+            t = prof.lap("copy_back", t)
+        y = G.gemv(xh, out=None if buf is None else buf.numpy())   # straight into pinned memory
+        if prof is not None:
+            t = prof.host_call(names, G.nbytes, t)
+        y = buf if buf is not None else torch.from_numpy(y.reshape(1, -1))   # pinned: async copies
+        for (name, out), (a, b) in zip(host, G.spans):
+            out.view(1, -1)[:, self.hostw[name].row_start:].copy_(y[:, a:b], non_blocking=True)
+        if buf is not None:
+            self._io.recorded(key)
+        if prof is not None:
+            prof.host_done(prof.lap("copy_back", t))
+
+    def _host_group(self, names: tuple):
+        """ONE parallel CPU call (placed.HostGroup) for the host rows of `names` (same input)."""
+        G = self._hgroups.get(names)
+        if G is None:
+            from tightfit.model.placed import HostGroup
+            G = self._hgroups[names] = HostGroup([self.hostw[n] for n in names])
+        return G
+
+    def _gpu_linears(self, x: torch.Tensor, pairs: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """The device rows of each (name, out): all of it, or out[:, :gpu_rows] of a split
+        matrix; x quantized once per layout (or its producer's fused int8 copy)."""
         acts: dict = {}
         gm = _gemv_mod()
         from tightfit.kernels.gemv_route import gemv_act
@@ -510,35 +559,6 @@ class GPUModel:
                 gm.gemv(x, L.raw, L.qtype, L.n_out, L.n_in, out=o)
             else:
                 L.ref(x, o)
-        if not host:
-            return
-        if prof is not None:
-            t = prof.now()
-        if ev is not None:
-            ev.synchronize()                   # x is on the host; the GPU parts keep running
-        if prof is not None:
-            t = prof.lap("x_wait", t)
-        names = tuple(name for name, _ in host)
-        G = self._hgroups.get(names)
-        if G is None:                          # ONE parallel CPU call for all host rows on x
-            from tightfit.model.placed import HostGroup
-            G = self._hgroups[names] = HostGroup([self.hostw[n] for n in names])
-        key = ("y",) + names
-        if prof is not None:
-            t = prof.now()
-        buf = self._io.get(key, (1, G.n_rows)) if self._io is not None else None
-        if prof is not None:
-            t = prof.lap("copy_back", t)
-        y = G.gemv(xh, out=None if buf is None else buf.numpy())
-        if prof is not None:
-            t = prof.host_call(names, G.nbytes, t)
-        y = buf if buf is not None else torch.from_numpy(y.reshape(1, -1))   # pinned: async copies
-        for (name, out), (a, b) in zip(host, G.spans):
-            out.view(1, -1)[:, self.hostw[name].row_start:].copy_(y[:, a:b], non_blocking=True)
-        if buf is not None:
-            self._io.recorded(key)
-        if prof is not None:
-            prof.host_done(prof.lap("copy_back", t))
 
     # ---- embedding ----------------------------------------------------------------------------
     def _device_embedding(self, want: bool | None = None):
@@ -740,6 +760,15 @@ class GPUModel:
             g = self._graph(st, mode, head, feed)
             self._load_embedding(tok)
             g.replay()
+        elif self.host_graphs:                 # host rows: segment graphs between host calls
+            from tightfit.model import segments
+            seg = segments.step(self, st, mode, head, feed)
+            if self.host_profile is not None:
+                self.host_profile.step(self, tok, st, mode, head, feed,
+                                       run=lambda: seg.replay(self.host_profile))
+            else:
+                self._load_embedding(tok)
+                seg.replay()
         elif self.host_profile is not None:    # TIGHTFIT_HOST_PROFILE=1: timed, synchronized
             self.host_profile.step(self, tok, st, mode, head, feed)
         else:

@@ -32,12 +32,16 @@ HOST_PROFILE = os.environ.get("TIGHTFIT_HOST_PROFILE", "").strip() not in ("", "
 #:              included)
 #:   gemv_other the rest of HostGroup.gemv (Python, thread count / chunk size settings)
 #:   copy_back  output buffer (waits for its previous copy) + host -> pinned -> device enqueues
+#:   replay     segment graph launches + event records (tightfit.model.segments, the
+#:              TIGHTFIT_HOST_GRAPHS path; 0 on the eager path, where x_d2h and copy_back are the
+#:              eager copies that the graphs hold as memcpy nodes)
 #:   gpu_tail   from the end of the step's last host call (or of the embedding when it has none)
 #:              to the completion sync: the launches after it and the GPU work behind them
 #:   other      the rest: Python and launch overhead of the eager GPU ops before the last host
-#:              call, the host-group lookup
+#:              call, the host-group lookup (on the segment path: the Python loop between
+#:              replays)
 MEASURED = ("embed", "x_d2h", "x_wait", "x_quant", "kernel", "gemv_other", "copy_back",
-            "gpu_tail")
+            "replay", "gpu_tail")
 BUCKETS = MEASURED + ("other",)
 
 
@@ -66,7 +70,10 @@ class HostProfile:
         self.tokens.clear()
 
     # -- one token (GPUModel.step_token)
-    def step(self, exe: Any, tok: Any, st: Any, mode: str, head: bool, feed: bool) -> None:
+    def step(self, exe: Any, tok: Any, st: Any, mode: str, head: bool, feed: bool,
+             run: Any = None) -> None:
+        """Time one step: the embedding, then `run()` (default: the eager exe._step; the
+        segment-graph path passes its replay), then the completion sync."""
         from tightfit.kernels import cpu_gemv
         now = self.now
         cur = self._cur = {"t0": now(), "b": dict.fromkeys(MEASURED, 0), "calls": [],
@@ -76,7 +83,10 @@ class HostProfile:
         cur["last"] = self.lap("embed", t)
         cpu_gemv.set_profile(self)
         try:
-            exe._step(st, mode, head, feed)
+            if run is None:
+                exe._step(st, mode, head, feed)
+            else:
+                run()
         except BaseException:
             self._cur = None
             raise

@@ -26,6 +26,10 @@ host_rows)`, a plan with a placement of chosen host suffixes (tests and benchmar
 
 `HostProfile` (TIGHTFIT_HOST_PROFILE=1, tightfit.model.host_profile): per-token wall-time breakdown
 of the placed decode step.
+
+`passive_host_threads()` (called by Placed when the plan has host rows): numba's OpenMP pool waits
+passively between host calls unless the user chose (OMP_WAIT_POLICY / NUMBA_THREADING_LAYER set;
+TIGHTFIT_HOST_PASSIVE=0 turns it off). It must run before anything starts numba's threading layer.
 """
 from __future__ import annotations
 
@@ -94,6 +98,36 @@ def replace_host_rows(plan: Any, host_rows: Mapping[str, int], host_embd: bool |
 
 
 # ---- host rows -------------------------------------------------------------------------------
+def passive_host_threads() -> bool:
+    """Make numba's host thread pool (cpu_gemv) wait passively between calls, unless the user
+    chose (OMP_WAIT_POLICY / NUMBA_THREADING_LAYER[_PRIORITY] set) or TIGHTFIT_HOST_PASSIVE=0.
+
+    Why: between two of a token's ~100 host calls the launching thread runs the GPU work; spinning
+    OpenMP workers (libgomp's default is to spin a while) compete with it for the cores. On the
+    device, the 8 GiB 27B plan went 347 -> 308 ms/token with OMP_WAIT_POLICY=PASSIVE and the omp
+    layer. It only works before numba starts its threading layer (libgomp reads the variable
+    when numba loads it, at the first parallel call: nothing in tightfit makes one before a
+    Placed with host rows exists, as cpu_gemv does not at import); the omp layer is preferred
+    (falling back in numba's usual order) since only it honours the policy. Returns True when
+    it set something."""
+    if os.environ.get("TIGHTFIT_HOST_PASSIVE", "1").strip() == "0":
+        return False
+    import numba
+    from numba.np.ufunc import parallel
+    if getattr(parallel, "_is_initialized", False):
+        return False                   # too late: the pool runs with what it was started with
+    done = False
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        done = True
+    if "NUMBA_THREADING_LAYER" not in os.environ and \
+            "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ and \
+            str(numba.config.THREADING_LAYER).lower() == "default":
+        numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
+        done = True
+    return done
+
+
 class HostRows:
     """Rows [row_start, row_end) of a matrix, read in place from the mmap; y = x . W_suffix^T."""
 
@@ -212,6 +246,8 @@ class Placed:
             progress = sys.stderr.isatty()
         self.upload: UploadReport = upload(inv, p, self.arena, progress=bool(progress))
         self.mm = open_readonly(inv.path)
+        if p.host_segments() or self.embedding_on_host():
+            passive_host_threads()     # before the first cpu_gemv call starts numba's pool
         self.host: dict[str, HostRows] = {}
         for s in p.host_segments():
             t = inv.tensors[s.tensor]
