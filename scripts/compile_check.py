@@ -533,11 +533,11 @@ def main(argv=None) -> int:
             seen[key] = r
     units = sorted(seen.values(), key=lambda r: (r[1].module, r[1].__name__,
                                                  _label(r[1], r[3], r[4])))
-    if _PDL[0] and not a.pdl_all:      # the PDL prologue does not depend on the other constexprs
-        per: dict = {}
-        units = [u for u in units
-                 if per.setdefault((u[1].module, u[1].__name__), []).append(u) or
-                 len(per[(u[1].module, u[1].__name__)]) <= 3]
+    if _PDL[0] and not a.pdl_all:      # the PDL prologue does not depend on the other constexprs:
+        per: dict = {}                 # first, middle and last variant of each kernel
+        for u in units:
+            per.setdefault((u[1].module, u[1].__name__), []).append(u)
+        units = [v[i] for v in per.values() for i in sorted({0, len(v) // 2, len(v) - 1})]
     if a.k:
         units = [u for u in units if any(s in f"{u[1].__name__} {_label(u[1], u[3], u[4])} "
                                          f"{u[0]}" for s in a.k)]

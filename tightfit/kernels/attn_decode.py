@@ -30,6 +30,9 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tightfit.kernels import pdl
 
 SINGLE_PASS_MAX = 1024       # cached tokens up to which one pass per KV head is used
 DEFAULT_CHUNK = 512          # rows per split-K chunk
@@ -66,8 +69,12 @@ def _norm_rope(src, w_ptr, cos_ptr, sin_ptr, pos, eps, D: tl.constexpr, HALF: tl
 
 @triton.jit
 def _qk_prep_kernel(qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
-                    qout_ptr, status_ptr, H, Hkv, eps, D: tl.constexpr, HALF: tl.constexpr):
+                    qout_ptr, status_ptr, H, Hkv, eps, D: tl.constexpr, HALF: tl.constexpr,
+                    PDL: tl.constexpr = False):
     p = tl.program_id(0)
+    if PDL:      # H + Hkv programs: one wave
+        gdc_wait()
+        gdc_launch_dependents()
     pos = tl.load(status_ptr + 2).to(tl.int64)
     d = tl.arange(0, D)
     if p < H:
@@ -85,8 +92,10 @@ def qk_prep(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps):
     """qg [H, 2D], k, v [Hkv*D] fp32; kcache/vcache [cap, Hkv, D] fp16; q_out [H, D] fp32."""
     H, D = q_out.shape
     Hkv = kcache.shape[1]
+    on = pdl.enabled(q_out.device)
     _qk_prep_kernel[(H + Hkv,)](qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status,
-                                H, Hkv, float(eps), D=D, HALF=cos.shape[1], num_warps=2)
+                                H, Hkv, float(eps), D=D, HALF=cos.shape[1], PDL=on,
+                                launch_pdl=on, num_warps=2)
     return q_out
 
 
@@ -117,9 +126,12 @@ def qk_prep_ref(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, e
 def _attn_kernel(q_ptr, kc_ptr, vc_ptr, qg_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, status_ptr,
                  Hkv, NCH, CHUNK, qk_scale,
                  D: tl.constexpr, GRP: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
-                 SPLIT: tl.constexpr):
+                 SPLIT: tl.constexpr, PDL: tl.constexpr = False):
     kvh = tl.program_id(0)
     c = tl.program_id(1)
+    if PDL:      # Hkv x n_chunks programs: one wave
+        gdc_wait()
+        gdc_launch_dependents()
     T = tl.load(status_ptr + 2) + 1
     start = c * CHUNK
     end = tl.minimum(start + CHUNK, T)
@@ -167,8 +179,11 @@ def _attn_kernel(q_ptr, kc_ptr, vc_ptr, qg_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, 
 
 @triton.jit
 def _reduce_kernel(qg_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, status_ptr, NCH, CHUNK,
-                   D: tl.constexpr):
+                   D: tl.constexpr, PDL: tl.constexpr = False):
     h = tl.program_id(0)
+    if PDL:      # H programs: one wave
+        gdc_wait()
+        gdc_launch_dependents()
     T = tl.load(status_ptr + 2) + 1
     nv = (T + CHUNK - 1) // CHUNK
     d = tl.arange(0, D)
@@ -212,18 +227,21 @@ def attn_decode(q, kcache, vcache, qg, out, status, ws=None, n_chunks: int = 1,
     grp = H // Hkv
     GP = max(16, triton.next_power_of_2(grp))
     scale = LOG2E / math.sqrt(D)
+    on = pdl.enabled(q.device)
     if n_chunks <= 1:
         dummy = out
         _attn_kernel[(Hkv, 1)](q, kcache, vcache, qg, out, dummy, dummy, dummy, status,
                                Hkv, 1, 1 << 30, scale, D=D, GRP=grp, GP=GP, BT=BT, SPLIT=False,
-                               num_warps=4)
+                               PDL=on, launch_pdl=on, num_warps=4)
         return out
     m, l, acc = ws
     assert m.shape[1] >= n_chunks
     NCH = m.shape[1]
     _attn_kernel[(Hkv, n_chunks)](q, kcache, vcache, qg, out, m, l, acc, status, Hkv, NCH, chunk,
-                                  scale, D=D, GRP=grp, GP=GP, BT=BT, SPLIT=True, num_warps=4)
-    _reduce_kernel[(H,)](qg, out, m, l, acc, status, NCH, chunk, D=D, num_warps=2)
+                                  scale, D=D, GRP=grp, GP=GP, BT=BT, SPLIT=True, PDL=on,
+                                  launch_pdl=on, num_warps=4)
+    _reduce_kernel[(H,)](qg, out, m, l, acc, status, NCH, chunk, D=D, PDL=on, launch_pdl=on,
+                         num_warps=2)
     return out
 
 

@@ -27,7 +27,9 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tightfit.kernels import pdl
 from tightfit.kernels.gemm_q_decode import DECODE_TYPES, decode_tile, grid_tables
 from tightfit.kernels.gemv import type_id
 
@@ -47,10 +49,13 @@ def _capturing(device: torch.device) -> bool:
 
 @triton.jit
 def _embed_q_kernel(ids_ptr, w_ptr, tg, out_ptr, n_vocab, NB, so,
-                    FMT: tl.constexpr, EMU: tl.constexpr):
+                    FMT: tl.constexpr, EMU: tl.constexpr, PDL: tl.constexpr = False):
     """Program (i, kb): elements 256 kb .. 256 kb + 255 of the row of token ids[i]."""
     i = tl.program_id(0)
     kb = tl.program_id(1)
+    if PDL:      # the ids come from the previous step's argmax; n x n_embd/256 programs
+        gdc_wait()
+        gdc_launch_dependents()
     tok = tl.load(ids_ptr + i + tl.arange(0, 1)).to(tl.int64)            # [1]
     okv = (tok >= 0) & (tok < n_vocab)
     ok = okv[:, None]                                                     # [1, 1]
@@ -61,10 +66,14 @@ def _embed_q_kernel(ids_ptr, w_ptr, tg, out_ptr, n_vocab, NB, so,
 
 
 @triton.jit
-def _embed_f_kernel(ids_ptr, w_ptr, out_ptr, n_vocab, n_embd, so, FMT: tl.constexpr):
+def _embed_f_kernel(ids_ptr, w_ptr, out_ptr, n_vocab, n_embd, so, FMT: tl.constexpr,
+                    PDL: tl.constexpr = False):
     """F32 (0), F16 (1), BF16 (30) rows, widened to fp32 exactly."""
     i = tl.program_id(0)
     kb = tl.program_id(1)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     tok = tl.load(ids_ptr + i + tl.arange(0, 1)).to(tl.int64)
     ok = ((tok >= 0) & (tok < n_vocab))[:, None]
     col = kb * 256 + tl.arange(0, 256)[None, :]
@@ -132,6 +141,7 @@ def embed_rows(ids: torch.Tensor, table_raw: torch.Tensor, qtype, n_embd: int,
         return out
     on_dev = dev.type == "cuda" or _interpret()
     so = out.stride(0)
+    on = pdl.enabled(dev)
     if on_dev and t in DECODE_TYPES and n_embd % _CHUNK == 0:
         key = (t, str(dev))
         if _capturing(dev):
@@ -141,10 +151,12 @@ def embed_rows(ids: torch.Tensor, table_raw: torch.Tensor, qtype, n_embd: int,
                                    f"decode table of type {t} is not on {dev} yet)")
         nb = n_embd // _CHUNK
         _embed_q_kernel[(n, nb)](ids, table_raw, grid_tables(t, dev), out, n_vocab, nb, so,
-                                 FMT=t, EMU=_interpret() or dev.type != "cuda", num_warps=4)
+                                 FMT=t, EMU=_interpret() or dev.type != "cuda", PDL=on,
+                                 launch_pdl=on, num_warps=4)
         return out
     if on_dev and t in FLOAT_TYPES:
         _embed_f_kernel[(n, triton.cdiv(n_embd, _CHUNK))](ids, table_raw, out, n_vocab, n_embd,
-                                                          so, FMT=t, num_warps=4)
+                                                          so, FMT=t, PDL=on, launch_pdl=on,
+                                                          num_warps=4)
         return out
     return _fallback(ids, table_raw, t, n_embd, rb, out)

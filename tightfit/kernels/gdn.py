@@ -25,13 +25,19 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tightfit.kernels import pdl
 
 
 @triton.jit
 def _conv_step_kernel(u_ptr, conv_ptr, w_ptr, y_ptr, status_ptr, slot, C, bank_stride,
-                      KM1: tl.constexpr, BLOCK: tl.constexpr):
+                      KM1: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = c < C
+    if PDL:      # one wave (20 programs at the 27B conv_dim): the next kernel may launch now
+        gdc_wait()
+        gdc_launch_dependents()
     a = tl.load(status_ptr)
     src = conv_ptr + a.to(tl.int64) * bank_stride + slot * (KM1 * C)
     dst = conv_ptr + (1 - a).to(tl.int64) * bank_stride + slot * (KM1 * C)
@@ -53,9 +59,10 @@ def conv_step(u: torch.Tensor, conv_buf: torch.Tensor, w: torch.Tensor, y: torch
     """u [conv_dim] new pre-conv row, w [conv_dim, K] -> y [conv_dim] = silu(conv)."""
     _, _, km1, C = conv_buf.shape
     BLOCK = 512
+    on = pdl.enabled(u.device)
     _conv_step_kernel[(triton.cdiv(C, BLOCK),)](u, conv_buf, w, y, status, slot, C,
                                                 conv_buf.stride(0), KM1=km1, BLOCK=BLOCK,
-                                                num_warps=4)
+                                                PDL=on, launch_pdl=on, num_warps=4)
     return y
 
 
@@ -71,13 +78,16 @@ def conv_step_ref(u: torch.Tensor, conv_buf: torch.Tensor, w: torch.Tensor, y: t
 @triton.jit
 def _gdn_step_kernel(y_ptr, alpha_ptr, beta_ptr, dtb_ptr, ssma_ptr, ssm_ptr, o_ptr, status_ptr,
                      slot, bank_stride, Hv, Hk, eps, q_scale,
-                     S: tl.constexpr, BV: tl.constexpr):
+                     S: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr = False):
     h = tl.program_id(0)
     jb = tl.program_id(1)
     kh = h % Hk
     KD = Hk * S
     i = tl.arange(0, S)                      # key index
     j = jb * BV + tl.arange(0, BV)           # value index
+    if PDL:      # 48 x 4 programs of 4 warps: resident at once on 132 SMs
+        gdc_wait()
+        gdc_launch_dependents()
     q = tl.load(y_ptr + kh * S + i)
     k = tl.load(y_ptr + KD + kh * S + i)
     v = tl.load(y_ptr + 2 * KD + h * S + j)
@@ -105,9 +115,10 @@ def gdn_step(y: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, dt_bias: 
     _, _, Hv, S, _ = ssm_buf.shape
     if BV is None:
         BV = min(S, 32)
+    on = pdl.enabled(y.device)
     _gdn_step_kernel[(Hv, S // BV)](y, alpha, beta, dt_bias, ssm_a, ssm_buf, o, status, slot,
                                     ssm_buf.stride(0), Hv, Hk, float(eps), float(S) ** -0.5,
-                                    S=S, BV=BV, num_warps=4)
+                                    S=S, BV=BV, PDL=on, launch_pdl=on, num_warps=4)
     return o
 
 

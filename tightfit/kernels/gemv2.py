@@ -30,6 +30,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tightfit.kernels.gemv2_act import Act2, prep_act2, geometry
 from tightfit.kernels.gemv2_decode import dec_iq4xs, dec_q45k, dec_q6k, dec_q3k, dec_q8_0
@@ -105,9 +106,13 @@ def gemv2_kernel(w_ptr, b_ptr, xs_ptr, xsum_ptr, out_ptr, N, n_out, NB, P0, P1, 
 
 
 @triton.jit
-def _reduce_kernel(part_ptr, out_ptr, total, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+def _reduce_kernel(part_ptr, out_ptr, total, SPLIT: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr = False):
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mk = o < total
+    if PDL:      # the split-K partials of the GEMV just before; total/1024 programs: one wave
+        gdc_wait()
+        gdc_launch_dependents()
     s = tl.zeros([BLOCK], tl.float32)
     for k in tl.static_range(SPLIT):
         s += tl.load(part_ptr + k * total + o, mask=mk, other=0.0)

@@ -28,6 +28,9 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tightfit.kernels import pdl
 
 
 def geometry(S: int, n: int) -> dict:
@@ -83,8 +86,11 @@ def _iperm(e, PERM: tl.constexpr):
 @triton.jit
 def _prep_kernel(x_ptr, q_ptr, b_ptr, xs_ptr, xsum_ptr, N, K,
                  NP: tl.constexpr, S: tl.constexpr, GPD: tl.constexpr, KDOT: tl.constexpr,
-                 PERM: tl.constexpr, WITHB: tl.constexpr):
+                 PERM: tl.constexpr, WITHB: tl.constexpr, PDL: tl.constexpr = False):
     kb = tl.program_id(0)
+    if PDL:      # K/256 programs: one wave
+        gdc_wait()
+        gdc_launch_dependents()
     COLS: tl.constexpr = GPD * NP
     # phase 1: quantize the macro-block for all columns, write q (decode order) to q_ptr
     n3 = tl.arange(0, NP)[:, None, None]
@@ -160,9 +166,10 @@ def prep_act2(x: torch.Tensor, S: int, perm: int, out: Act2 | None = None,
                    torch.empty((nkb, 256 // S, NP), dtype=torch.float32, device=dev),
                    torch.empty((nkb, 8, NP), dtype=torch.float32, device=dev),
                    torch.empty((n, k), dtype=torch.int8, device=dev), n, k, geo, perm)
+    on = pdl.enabled(x.device)
     _prep_kernel[(nkb,)](x, out.q, out.b, out.xs, out.xsum, n, k,
                          NP=NP, S=S, GPD=geo["GPD"], KDOT=geo["KDOT"], PERM=perm,
-                         WITHB=bool(with_b), num_warps=4)
+                         WITHB=bool(with_b), PDL=on, launch_pdl=on, num_warps=4)
     return out
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tightfit.kernels.gemv_prims import dp4a, i32
 from tightfit.kernels.gemv2_decode import (fbase, lo_f16, lut_iq4, _signed,
@@ -426,7 +427,8 @@ def body_q8_0(w, blk, ok, kbc, q32, xs_ptr, KW, P0, P1, PLANAR: tl.constexpr,
 @triton.jit
 def gemv2s_kernel(w_ptr, q_ptr, xs_ptr, xsum_ptr, out_ptr, N, n_out, NB, P0, P1, P2, P3,
                   FMT: tl.constexpr, PLANAR: tl.constexpr, NC: tl.constexpr, R: tl.constexpr,
-                  KB: tl.constexpr, SPLIT: tl.constexpr, EMU: tl.constexpr, U: tl.constexpr = 1):
+                  KB: tl.constexpr, SPLIT: tl.constexpr, EMU: tl.constexpr, U: tl.constexpr = 1,
+                  PDL: tl.constexpr = False):
     pid_r = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_r * R + tl.arange(0, R)
@@ -441,6 +443,8 @@ def gemv2s_kernel(w_ptr, q_ptr, xs_ptr, xsum_ptr, out_ptr, N, n_out, NB, P0, P1,
     else:
         acc0 = _z4(4, 2, R, KB)
     acc1 = acc0
+    if PDL:      # the activations (q, xs, xsum) and the split-K buffer come from earlier kernels
+        gdc_wait()
     # U chunks of KB blocks per iteration, unrolled into one basic block: their loads are
     # independent, so ptxas can issue all of them before the first dp4a (more bytes in flight
     # per thread; measured one chunk per iteration latency-bound, bench/RESULTS.md)
@@ -470,6 +474,8 @@ def gemv2s_kernel(w_ptr, q_ptr, xs_ptr, xsum_ptr, out_ptr, N, n_out, NB, P0, P1,
             acc0 += p0
             if NC == 2:
                 acc1 += p1
+    if PDL:      # up to ~2 waves of programs: signal once the main loop is done
+        gdc_launch_dependents()
     omask = rows < n_out
     obase = out_ptr + pid_k * N * n_out + rows
     tl.store(obase, _rows(acc0, FMT), mask=omask)
@@ -513,6 +519,7 @@ def gemv2_small_prepared(act, w, qtype: int, n_out: int, planar: bool, out, conf
                          interpret: bool, workspace=None):
     """Launch of the small-N path on prepared activations (gemv2.gemv2_prepared routes here)."""
     import torch
+    from tightfit.kernels import pdl
     from tightfit.kernels.gemv2 import _reduce_kernel
     from tightfit.kernels.gemv2_layout import field_args
     n, n_in = act.n, act.k
@@ -534,11 +541,13 @@ def gemv2_small_prepared(act, w, qtype: int, n_out: int, planar: bool, out, conf
     P = field_args(qtype, w.numel(), planar)
     grid = (triton.cdiv(n_out, cfg["R"]), split)
     extra = {"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") and not interpret else {}
+    on = pdl.enabled(w.device)
     gemv2s_kernel[grid](w, act.q, act.xs, act.xsum, dst, n, n_out, nb, P[0], P[1], P[2], P[3],
                         FMT=qtype, PLANAR=bool(planar), NC=n, R=cfg["R"], KB=cfg["KB"],
-                        SPLIT=split, EMU=interpret, U=cfg["U"], num_warps=cfg["num_warps"],
-                        **extra)
+                        SPLIT=split, EMU=interpret, U=cfg["U"], PDL=on, launch_pdl=on,
+                        num_warps=cfg["num_warps"], **extra)
     if split > 1:
         total = n * n_out
-        _reduce_kernel[(triton.cdiv(total, 1024),)](dst, out, total, SPLIT=split, BLOCK=1024)
+        _reduce_kernel[(triton.cdiv(total, 1024),)](dst, out, total, SPLIT=split, BLOCK=1024,
+                                                    PDL=on, launch_pdl=on)
     return out

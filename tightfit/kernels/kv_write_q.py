@@ -28,7 +28,9 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tightfit.kernels import pdl
 from tightfit.kernels.attn_decode import _norm_rope, _rms, _rope_rows
 from tightfit.kvquant.formats import DEFAULT_SEED, get_format, rotation_matrix, split_kv_type
 
@@ -112,11 +114,14 @@ def _qkv_write_kernel(qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, r_
                       D: tl.constexpr, HALF: tl.constexpr, BK: tl.constexpr,
                       KB: tl.constexpr, KG: tl.constexpr, KNL: tl.constexpr, KROT: tl.constexpr,
                       VB: tl.constexpr, VG: tl.constexpr, VNL: tl.constexpr, VROT: tl.constexpr,
-                      SEARCH: tl.constexpr):
+                      SEARCH: tl.constexpr, PDL: tl.constexpr = False):
     """One launch: programs [0, H) q norm + RoPE -> q_out; [H, H+Hkv) K row j: norm + RoPE
     (+ rotation) -> ws.k, quantized into kcache[pos, j]; [H+Hkv, H+2Hkv) V row j: (rotation)
     -> ws.v, quantized into vcache[pos, j]."""
     p = tl.program_id(0)
+    if PDL:      # H + 2 Hkv programs: one wave
+        gdc_wait()
+        gdc_launch_dependents()
     pos = tl.load(status_ptr + 2).to(tl.int64)
     d = tl.arange(0, D)
     if p < H:
@@ -195,13 +200,14 @@ def qk_prep_q(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps
     Hkv = kcache.shape[1]
     kf, vf = (get_format(n) for n in split_kv_type(ws.kv_type))
     (kcb, kmid, kinvf), (vcb, vmid, vinvf) = ws.tabs
+    on = pdl.enabled(q_out.device)
     _qkv_write_kernel[(H + 2 * Hkv,)](
         qg, k, v, qn_w, kn_w, cos, sin, ws.R, ws.k, ws.v, q_out, kcache, vcache,
         kcb, kmid, kinvf, vcb, vmid, vinvf, status, H, Hkv, float(eps),
         math.sqrt(kf.group), math.sqrt(vf.group), D=D, HALF=cos.shape[1], BK=min(16, D),
         KB=kf.bits, KG=kf.group, KNL=1 << kf.bits if kf.rotate else 1, KROT=kf.rotate,
         VB=vf.bits, VG=vf.group, VNL=1 << vf.bits if vf.rotate else 1, VROT=vf.rotate,
-        SEARCH=ws.search, num_warps=4)
+        SEARCH=ws.search, PDL=on, launch_pdl=on, num_warps=4)
     return q_out
 
 

@@ -20,6 +20,10 @@ written. The quantized view covers the output flattened per row ([rows, n] -> q 
 [rows, n/32], s16 [rows, n/16]); n (for gated_rmsnorm S) must be a multiple of 32. The
 references (`*_ref(..., quant_out=)`) are the unfused pair: the plain op, then quantize_act.
 
+PDL (tightfit.kernels.pdl, TIGHTFIT_PDL=1): every kernel here takes `PDL: tl.constexpr`; with it
+the kernel waits (griddepcontrol.wait) before its first load and, its grid being one wave at the
+decode shapes (1 row, 17 or 48 programs), lets the next kernel launch right after the wait.
+
 Sums of squares are fp32 (the reference accumulates in float64; for rows of <= 17408 values
 the difference is ~1e-7 relative).
 """
@@ -29,6 +33,9 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tightfit.kernels import pdl
 
 
 # ---- fused quantization of an output tile (quantize_act's arithmetic, op for op) ---------------
@@ -91,8 +98,11 @@ def _quant_ref(out: torch.Tensor, quant_out, quant_layout: int, k: int) -> None:
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, inv_ptr, n, eps,
                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, QUANT: tl.constexpr,
-                        LAYOUT: tl.constexpr):
+                        LAYOUT: tl.constexpr, PDL: tl.constexpr = False):
     row = tl.program_id(0)
+    if PDL:          # x / delta come from the previous kernels
+        gdc_wait()
+        gdc_launch_dependents()
     base = row.to(tl.int64) * n
     ss = tl.zeros([BLOCK], tl.float32)
     # pass 1: residual add (written back) and the sum of squares
@@ -138,9 +148,11 @@ def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, ep
     # to memory instead of three (the H200 step profile measured 5.9 us per call with 2048-wide
     # tiles, 129 calls per token)
     BLOCK = min(8192, triton.next_power_of_2(n))
+    on = pdl.enabled(x.device)
     _add_rmsnorm_kernel[(rows,)](x, delta if delta is not None else x, w, out, q, qd, qs, inv,
                                  n, float(eps), HAS_DELTA=delta is not None, BLOCK=BLOCK,
-                                 QUANT=quant, LAYOUT=lay, num_warps=8 if BLOCK >= 4096 else 4)
+                                 QUANT=quant, LAYOUT=lay, PDL=on, launch_pdl=on,
+                                 num_warps=8 if BLOCK >= 4096 else 4)
     return out
 
 
@@ -157,7 +169,11 @@ def add_rmsnorm_ref(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor
 # ---- SwiGLU -------------------------------------------------------------------------------------
 @triton.jit
 def _swiglu_kernel(g_ptr, u_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, inv_ptr, n,
-                   BLOCK: tl.constexpr, QUANT: tl.constexpr, LAYOUT: tl.constexpr):
+                   BLOCK: tl.constexpr, QUANT: tl.constexpr, LAYOUT: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     if QUANT:
         # [BLOCK/32, 32] tiles of whole 32-blocks: the float output and its quantization
         b = tl.program_id(0) * (BLOCK // 32) + tl.arange(0, BLOCK // 32)
@@ -183,8 +199,10 @@ def swiglu(g: torch.Tensor, u: torch.Tensor, out: torch.Tensor, quant_out=None,
     n = g.numel()
     BLOCK = 1024
     q, qd, qs, inv, quant, lay = _quant_args(quant_out, quant_layout, out, out.shape[-1])
+    on = pdl.enabled(g.device)
     _swiglu_kernel[(triton.cdiv(n, BLOCK),)](g, u, out, q, qd, qs, inv, n, BLOCK=BLOCK,
-                                             QUANT=quant, LAYOUT=lay, num_warps=4)
+                                             QUANT=quant, LAYOUT=lay, PDL=on, launch_pdl=on,
+                                             num_warps=4)
     return out
 
 
@@ -198,11 +216,15 @@ def swiglu_ref(g: torch.Tensor, u: torch.Tensor, out: torch.Tensor, quant_out=No
 # ---- gated RMSNorm (GDN output) -----------------------------------------------------------------
 @triton.jit
 def _gated_rmsnorm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, inv_ptr, S, eps,
-                          BLOCK: tl.constexpr, QUANT: tl.constexpr, LAYOUT: tl.constexpr):
+                          BLOCK: tl.constexpr, QUANT: tl.constexpr, LAYOUT: tl.constexpr,
+                          PDL: tl.constexpr = False):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     m = offs < S
     base = row.to(tl.int64) * S
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     o = tl.load(o_ptr + base + offs, mask=m, other=0.0)
     r = 1.0 / tl.sqrt(tl.sum(o * o, axis=0) / S + eps)
     if QUANT:
@@ -231,9 +253,10 @@ def gated_rmsnorm(o: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float,
     S = o.shape[-1]
     rows = o.numel() // S
     q, qd, qs, inv, quant, lay = _quant_args(quant_out, quant_layout, out, S)
+    on = pdl.enabled(o.device)
     _gated_rmsnorm_kernel[(rows,)](o, z, w, out, q, qd, qs, inv, S, float(eps),
                                    BLOCK=triton.next_power_of_2(S), QUANT=quant, LAYOUT=lay,
-                                   num_warps=1)
+                                   PDL=on, launch_pdl=on, num_warps=1)
     return out
 
 
@@ -247,10 +270,14 @@ def gated_rmsnorm_ref(o: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: fl
 
 # ---- finiteness check + bank commit (the step's last kernel) ------------------------------------
 @triton.jit
-def _commit_kernel(a_ptr, na, b_ptr, nb, status_ptr, n_tok, BLOCK: tl.constexpr):
+def _commit_kernel(a_ptr, na, b_ptr, nb, status_ptr, n_tok, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr = False):
     """One program: scans a[na] and b[nb] for NaN/Inf; if all finite (and no earlier step failed),
     flips the active bank and advances the device position by n_tok; otherwise sets the sticky
     non-finite flag, which the host reads lazily (GPUState.sync) and clears."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     bad = tl.zeros([BLOCK], tl.int32)
     for s in range(0, na, BLOCK):
         offs = s + tl.arange(0, BLOCK)
@@ -272,7 +299,9 @@ def _commit_kernel(a_ptr, na, b_ptr, nb, status_ptr, n_tok, BLOCK: tl.constexpr)
 
 def commit(a: torch.Tensor, b: torch.Tensor, status: torch.Tensor, n_tok: int = 1) -> None:
     """status int32 [4] = (active bank, non-finite flag, device pos, spare)."""
-    _commit_kernel[(1,)](a, a.numel(), b, b.numel(), status, n_tok, BLOCK=4096, num_warps=8)
+    on = pdl.enabled(a.device)
+    _commit_kernel[(1,)](a, a.numel(), b, b.numel(), status, n_tok, BLOCK=4096, PDL=on,
+                         launch_pdl=on, num_warps=8)
 
 
 def commit_ref(a: torch.Tensor, b: torch.Tensor, status: torch.Tensor, n_tok: int = 1) -> None:

@@ -21,6 +21,9 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tightfit.kernels import pdl
 
 
 def _layouts() -> np.ndarray:
@@ -49,12 +52,15 @@ def _inv_layouts(device: str) -> torch.Tensor:
 
 @triton.jit
 def _quant_kernel(x_ptr, q_ptr, d_ptr, s_ptr, inv_ptr, K, NBLK,
-                  LAYOUT: tl.constexpr, BLK: tl.constexpr):
+                  LAYOUT: tl.constexpr, BLK: tl.constexpr, PDL: tl.constexpr = False):
     n = tl.program_id(0)
     b = tl.program_id(1) * BLK + tl.arange(0, BLK)
     bm = b < NBLK
     e = tl.arange(0, 32)
     offs = b[:, None] * 32 + e[None, :]
+    if PDL:      # N x K/1024 programs: one wave at decode (N = 1)
+        gdc_wait()
+        gdc_launch_dependents()
     x = tl.load(x_ptr + n * K + offs, mask=bm[:, None], other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
     d = amax / 127.0
@@ -92,9 +98,10 @@ def quantize_act(x: torch.Tensor, layout: int = 0, out: QuantAct | None = None) 
                        layout, n, k)
     out.layout = layout
     BLK = 32
+    on = pdl.enabled(x.device)
     _quant_kernel[(n, triton.cdiv(nblk, BLK))](x, out.q, out.d, out.s16,
                                                 _inv_layouts(str(x.device)), k, nblk,
-                                                LAYOUT=layout, BLK=BLK)
+                                                LAYOUT=layout, BLK=BLK, PDL=on, launch_pdl=on)
     return out
 
 
