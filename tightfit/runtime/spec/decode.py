@@ -10,9 +10,12 @@ generation inside a round (the acceptor stops there and only that many rows are 
 
 Greedy speculation emits token for token what greedy decoding emits (the target choice at every
 position is the plain sampler's); sampled speculation has the target distribution (rejection
-sampling). `SpeculativeEngine(engine)` wraps an Engine (everything else is delegated), so a
-Session or the server can use it in place of the engine. Counters go to `SpecTimings`
-(llama-server's `draft_n`, `draft_n_accepted`, plus per-drafter counts and per-position accepts).
+sampling). The policy (`policy.py`) picks each round's drafter and length, or no draft, by
+expected tokens per ms from the round times this loop measures with the policy's `clock`
+(injectable: tests drive it with a modelled cost). `SpeculativeEngine(engine)` wraps an Engine
+(everything else is delegated), so a Session or the server can use it in place of the engine.
+Counters go to `SpecTimings` (llama-server's `draft_n`, `draft_n_accepted`, plus per-drafter
+counts and per-position accepts).
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ class SpecConfig:
     min_token_prob: float = 0.1
     mtp_draft: int = 3
     mtp_p_min: float = 0.0
-    adaptive: bool = True              # False: always the longest draft offered
+    adaptive: bool = True              # False: always the longest draft offered (raw cost)
     verifier: str = "auto"             # auto | native | block | replay | step
     record: str = "output"             # what a finished request adds to suffix_cache: output|all|none
     force_accept: float | None = None  # benchmarks only: synthetic acceptance rate (wrong output!)
@@ -98,12 +101,16 @@ class SpeculativeEngine:
     """An Engine whose `generate`/`chat` speculate. Policy statistics persist across requests."""
 
     def __init__(self, engine, config: SpecConfig | None = None, policy: Policy | None = None,
-                 mtp_head=None):
+                 mtp_head=None, extra_drafters: dict[str, Callable[[int], Any]] | None = None):
+        """`policy`: e.g. one with an injected clock (its `adaptive` is used, not the config's);
+        `extra_drafters`: name -> factory(max_draft) of further cheap drafters (begin / extend /
+        propose, as NGramDrafter), built per request (tests, experiments)."""
         self.engine = engine
         self.spec = config or SpecConfig()
         self.verifier = make_verifier(engine.model, self.spec.verifier)
         self.policy = policy or Policy(adaptive=self.spec.adaptive)
         self.mtp_head = mtp_head
+        self.extra_drafters = dict(extra_drafters or {})
         if mtp_head is None and "mtp" in self.spec.drafters and engine.config.nextn_layers:
             from tightfit.runtime.spec.mtp import MTPHead
             from tightfit.runtime.spec.verify import BlockVerifier, NativeVerifier
@@ -161,6 +168,8 @@ class SpeculativeEngine:
                                           s.max_spec_factor, s.max_spec_offset, s.min_token_prob)
         if "synthetic" in s.drafters:        # benchmarks: always drafts max_draft tokens
             out["synthetic"] = SyntheticDrafter(s.max_draft)
+        for name, make in self.extra_drafters.items():
+            out[name] = make(s.max_draft)
         if "mtp" in s.drafters and self.mtp_head is not None:
             from tightfit.runtime.spec.mtp import MTPDrafter
             rng = np.random.default_rng(int(sampler.rng.integers(1 << 62)))
@@ -269,11 +278,12 @@ class SpeculativeEngine:
                 finish = "cancelled"
                 break
             room = limit - len(generated) - 1
+            tr = pol.clock()
             draft, name = self._propose(drafters, room)
             timings.draft_ms += self._draft_ms
             dtoks = draft.tokens if draft is not None else []
             block = [generated[-1]] + dtoks
-            tv = time.perf_counter()
+            tv = pol.clock()
             rnd = ver.begin(block, state)
             emitted: list[int] = []
             events: list[Event] = []
@@ -302,20 +312,25 @@ class SpeculativeEngine:
                 if status is not None or not ok or len(generated) >= limit:
                     break
             rnd.commit(len(emitted))
-            ms = (time.perf_counter() - tv) * 1000.0
-            timings.verify_ms += ms
+            timings.verify_ms += (pol.clock() - tv) * 1000.0
             timings.rounds += 1
-            pol.record_verify(len(emitted) if not hasattr(rnd, "logits") else len(block), ms)
             if name is not None:
                 timings.count(name, len(dtoks), n_acc)
                 pol.record_accept(name, draft.match_len, len(dtoks), n_acc,
                                   censored=not rejected and n_acc < len(dtoks))
-            self._shadow(name, emitted)
+            if force_rng is None:       # forced acceptance has nothing to do with the tokens
+                self._shadow(name, emitted)
+            else:
+                self._cheap = {}
             if mtp is not None and rnd.hidden is not None:
                 mtp.observe(rnd.hidden[: len(emitted)], emitted)
             for dn, d in drafters.items():
                 if dn != "mtp":
                     d.extend(emitted)
+            # the whole round as the loop sees it (cheap drafters, verify forward, acceptance,
+            # commit, bookkeeping: per-round work every option pays), less the on-demand drafter's
+            # time, which the policy adds per drafter; keyed by the draft length
+            pol.record_round(len(dtoks), (pol.clock() - tr) * 1000.0 - self._ondemand_ms)
             if status == "word":
                 finish_stats()
                 yield from events
@@ -332,6 +347,7 @@ class SpeculativeEngine:
         s, pol = self.spec, self.policy
         self._cheap: dict[str, Draft] = {}
         self._draft_ms = 0.0
+        self._ondemand_ms = 0.0
         room = min(room, s.max_draft)
         if room <= 0:
             return None, None
@@ -340,11 +356,10 @@ class SpeculativeEngine:
             if name == "mtp":
                 cands[name] = (min(d.max_draft, room), 0)
                 continue
-            t = time.perf_counter()
+            t = pol.clock()
             dr = d.propose(room)
-            ms = (time.perf_counter() - t) * 1000.0
-            self._draft_ms += ms
-            pol.record_draft(name, ms, 0)
+            # paid every round whatever the choice: timings only, not the policy's comparison
+            self._draft_ms += (pol.clock() - t) * 1000.0
             if dr is not None and dr.tokens:
                 self._cheap[name] = dr
                 cands[name] = (len(dr.tokens), dr.match_len)
@@ -352,10 +367,11 @@ class SpeculativeEngine:
         if name is None or k <= 0:
             return None, None
         if name == "mtp":
-            t = time.perf_counter()
+            t = pol.clock()
             dr = drafters["mtp"].propose(k)
-            ms = (time.perf_counter() - t) * 1000.0
+            ms = (pol.clock() - t) * 1000.0
             self._draft_ms += ms
+            self._ondemand_ms = ms
             pol.record_draft("mtp", ms, len(dr.tokens) if dr else 1, per_token=True)
             return (dr, "mtp") if dr is not None else (None, None)
         dr = self._cheap.pop(name)

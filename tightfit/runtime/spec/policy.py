@@ -1,22 +1,49 @@
 """Per-round choice of drafter and draft length by expected committed tokens per millisecond
-(the Strata / frostyautumnleaf policy, spec/landscape.md §2.2).
+(the Strata / frostyautumnleaf policy, spec/landscape.md §2.2), every cost measured online.
 
 Acceptance model: each drafted token is accepted with probability a given the previous ones, so
 a k-token draft commits E(k) = 1 + a + a^2 + ... + a^k tokens (the 1 is the correction or bonus
 token). `a` is estimated per (drafter, match-length bucket) from decayed counts of successes and
-trials (a rejection is one trial without success; an accepted token one trial with). Drafts that
-were not verified are still scored against the emitted tokens ("shadow" evaluation; free for the
-cheap drafters, whose drafts exist anyway).
+trials (a rejection is one trial without success; an accepted token one trial with), starting
+from the prior `prior` with weight 2. Drafts that were not verified are still scored against the
+emitted tokens ("shadow" evaluation; free for the cheap drafters, whose drafts exist anyway).
 
-Cost model: verify_ms(n) for a block of n rows is an EMA per n, extended to unseen n by a
-least-squares line over the seen ones; draft_ms per drafter is an EMA of the drafter's own time
-(per call plus per token). A draft is cut to the prefix length k maximising E(k) / (draft_ms +
-verify_ms(k+1)), and the round takes the candidate with the best ratio, which may be "no draft"
-(1 / verify_ms(1)).
+Cost model: `round_ms[k]` is the wall time the decode loop measured (with `clock`) for a round
+that verified a k-token draft, k = 0 being the plain step: the whole round as the loop sees it
+(the cheap drafters' proposals, which run every round whatever the choice, the k+1-row verify
+forward, the acceptor's work on the rows, the commit, the bookkeeping), less the time of a model
+drafter that proposes only when chosen (MTP), which is kept per drafter (per drafted token) and
+added to its options. It is kept per draft length and shared by the drafters (the verify forward
+does not depend on who drafted). The estimate of a length is the (lower) median of its last
+`window` samples: one outlier (a GC pause, a preempted host thread) moves nothing, where an EMA
+would keep a rarely chosen length looking expensive (or the plain step, so the policy drafts at
+0 % acceptance) until its next sample. A length sampled once is trusted only up to what the
+lengths sampled more than once predict (its one sample may be the first block of a new size,
+with JIT), so it is chosen again and the median of two drops an outlier. An unmeasured length is
+interpolated between measured ones, or extrapolated with the least-squares slope of the measured
+points. Priors, used only until two lengths are measured: one measured point extrapolates with
+`prior_row` (relative cost of one more row; small on purpose, a memory-bound verify row is cheap,
+so the first rounds try long drafts and measure them); nothing measured: 1 unit + prior_row per
+row.
+
+Choice: value(no draft) = 1 / round_ms[0], value(d, k) = E(a_d, k) / (draft_ms(d, k) +
+round_ms[k]); the round takes the best, which may be the plain step.
+
+Probes: a drafter whose acceptance nothing observed for `gap` rounds (no verified round, no
+shadow score: the MTP head, or any drafter under forced acceptance, where shadow scores mean
+nothing) gets one round of `probe_k` tokens; its gap doubles after each probe (min_gap ..
+max_gap) and returns to min_gap when it wins a round or a probe is fully accepted. The plain
+step, if never chosen, is run every min_gap rounds until it has two samples, and again when its
+last sample is older than max_gap rounds, so round_ms[0] is a measurement. At 0 % acceptance the
+policy so settles on the plain step after a few rounds and then spends about log2(n) probe rounds
+of probe_k tokens in n (tests/test_spec_policy_cost.py: < 2 % modelled overhead in 200 rounds
+when a 4-token verify costs 2.1 plain steps, 0.2 % in 3000).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 BUCKETS = (1, 2, 4, 8, 16)        # match-length bucket lower bounds
 
@@ -43,12 +70,26 @@ class _Rate:
 
 
 @dataclass
+class _Cost:
+    samples: list[float]            # the last `window` ones
+    n: int = 1                      # samples ever
+    round: int = 0                  # policy round of the last sample
+
+    @property
+    def ms(self) -> float:
+        xs = sorted(self.samples)
+        return xs[(len(xs) - 1) // 2]
+
+
+@dataclass
 class DrafterStats:
     rates: dict[int, _Rate] = field(default_factory=dict)
-    draft_ms: float | None = None       # per call
+    draft_ms: float | None = None       # per call (model drafters proposing on demand)
     draft_ms_tok: float | None = None   # per drafted token (model drafters)
-    rounds: int = 0
-    last_round: int = -1
+    rounds: int = 0                     # verified rounds
+    last_round: int = -1                # round of the last verified draft
+    last_obs: int = 0                   # round of the last acceptance observation (any)
+    gap: int = 4                        # rounds without observation before a probe
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -57,18 +98,28 @@ def expected_tokens(a: float, k: int) -> float:
 
 class Policy:
     def __init__(self, prior: float = 0.6, decay: float = 0.97, ema: float = 0.2,
-                 explore_every: int = 16, adaptive: bool = True):
+                 adaptive: bool = True, prior_row: float = 0.05, probe_k: int = 1,
+                 min_gap: int = 4, max_gap: int = 256, window: int = 7,
+                 clock: Callable[[], float] = time.perf_counter):
         self.prior = prior
         self.decay = decay
         self.ema = ema
-        self.explore_every = explore_every
         self.adaptive = adaptive
+        self.prior_row = prior_row
+        self.probe_k = max(1, int(probe_k))
+        self.min_gap, self.max_gap = int(min_gap), int(max_gap)
+        self.window = max(1, int(window))
+        self.clock = clock              # seconds; the decode loop times its rounds with it
         self.stats: dict[str, DrafterStats] = {}
-        self.verify_ms: dict[int, float] = {}
+        self.round_ms: dict[int, _Cost] = {}
         self.round = 0
+        self.probes = 0
 
     def _st(self, name: str) -> DrafterStats:
-        return self.stats.setdefault(name, DrafterStats())
+        st = self.stats.get(name)
+        if st is None:
+            st = self.stats[name] = DrafterStats(last_obs=self.round, gap=self.min_gap)
+        return st
 
     # ---- estimates ----------------------------------------------------------------------------
     def accept_rate(self, name: str, match_len: int = 0) -> float:
@@ -79,20 +130,40 @@ class Policy:
             return pooled.value(self.prior)
         return r.value(self.prior)
 
-    def verify_cost(self, n: int) -> float:
-        t = self.verify_ms
-        if n in t:
-            return t[n]
+    def _slope(self, t: dict[int, _Cost]) -> float:
+        if len(t) >= 2:
+            xs = list(t)
+            ys = [t[x].ms for x in xs]
+            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+            sxx = sum((x - mx) ** 2 for x in xs)
+            return max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx)
+        (k0, c), = t.items()
+        return self.prior_row * c.ms / (1.0 + self.prior_row * k0)
+
+    def round_cost(self, k: int) -> float:
+        """Estimated ms of a round verifying a k-token draft (k = 0: the plain step)."""
+        t = self.round_ms
+        c = t.get(k)
+        if c is None:
+            return self._predict(k, t)
+        if c.n == 1:
+            # one sample above what the lengths sampled more than once predict may be an outlier
+            # (e.g. the first block of a size: JIT): stay optimistic, so that the length is chosen
+            # again and the median of two samples drops it
+            others = {x: v for x, v in t.items() if x != k and v.n >= 2}
+            if len(others) >= 2:
+                return min(c.ms, self._predict(k, others))
+        return c.ms
+
+    def _predict(self, k: int, t: dict[int, _Cost]) -> float:
         if not t:
-            return float(n)                     # unit cost per row until measured
-        if len(t) == 1:
-            (n0, c0), = t.items()
-            return c0 * (1.0 + 0.5 * (n - n0) / max(n0, 1))
-        xs, ys = list(t.keys()), list(t.values())
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        sxx = sum((x - mx) ** 2 for x in xs)
-        b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
-        return max(1e-3, my + max(b, 0.0) * (n - mx))
+            return 1.0 + self.prior_row * k
+        lo = max((x for x in t if x < k), default=None)
+        hi = min((x for x in t if x > k), default=None)
+        if lo is not None and hi is not None:
+            return t[lo].ms + (k - lo) / (hi - lo) * (t[hi].ms - t[lo].ms)
+        base = lo if lo is not None else hi
+        return max(1e-6, t[base].ms + self._slope(t) * (k - base))
 
     def draft_cost(self, name: str, k: int) -> float:
         st = self._st(name)
@@ -101,9 +172,9 @@ class Policy:
     def best_length(self, name: str, k_max: int, match_len: int = 0) -> tuple[int, float]:
         """(k, expected tokens per ms) of the best prefix length 0..k_max of a draft."""
         a = self.accept_rate(name, match_len)
-        best_k, best = 0, 1.0 / self.verify_cost(1)
+        best_k, best = 0, 1.0 / self.round_cost(0)
         for k in range(1, k_max + 1):
-            r = expected_tokens(a, k) / (self.draft_cost(name, k) + self.verify_cost(k + 1))
+            r = expected_tokens(a, k) / (self.draft_cost(name, k) + self.round_cost(k))
             if r > best:
                 best_k, best = k, r
         return best_k, best
@@ -117,22 +188,40 @@ class Policy:
         if not self.adaptive:
             name = max(candidates, key=lambda n: candidates[n][0])
             return name, candidates[name][0]
-        best_name, best_k, best = None, 0, 1.0 / self.verify_cost(1)
+        best_name, best_k, best = None, 0, 1.0 / self.round_cost(0)
         for name, (k_max, match) in candidates.items():
             k, r = self.best_length(name, k_max, match)
             if k and r > best:
                 best_name, best_k, best = name, k, r
-        # exploration: a drafter not verified for a while gets a short round
-        for name, (k_max, _) in candidates.items():
+        if best_name is not None:
+            self._st(best_name).gap = self.min_gap
+            plain = self.round_ms.get(0)
+            since = self.round - (plain.round if plain is not None else 0)
+            if since > (self.min_gap if plain is None or plain.n < 2 else self.max_gap):
+                self.probes += 1
+                return None, 0              # measure the plain step (see the module doc)
+        due = [(self.round - self._st(n).last_obs - self._st(n).gap, n)
+               for n, (k_max, _) in candidates.items()
+               if n != best_name and k_max and self.round - self._st(n).last_obs >= self._st(n).gap]
+        if due:
+            _, name = max(due)
             st = self._st(name)
-            if name != best_name and k_max and self.round - st.last_round > self.explore_every:
-                return name, min(k_max, max(1, best_k or 1))
+            st.gap = min(2 * st.gap, self.max_gap)
+            st.last_obs = self.round        # not probed again before the new gap even if the
+            self.probes += 1                # round is cut short (stop string, length limit)
+            return name, min(candidates[name][0], self.probe_k)
         return best_name, best_k
 
     # ---- updates -----------------------------------------------------------------------------
-    def record_verify(self, n_rows: int, ms: float) -> None:
-        old = self.verify_ms.get(n_rows)
-        self.verify_ms[n_rows] = ms if old is None else old + self.ema * (ms - old)
+    def record_round(self, k: int, ms: float) -> None:
+        """Wall ms of a round that verified a k-token draft (k = 0: a plain step)."""
+        c = self.round_ms.get(k)
+        if c is None:
+            self.round_ms[k] = _Cost([ms], 1, self.round)
+        else:
+            c.samples = (c.samples + [ms])[-self.window:]
+            c.n += 1
+            c.round = self.round
 
     def record_draft(self, name: str, ms: float, n_tokens: int, per_token: bool = False) -> None:
         st = self._st(name)
@@ -151,6 +240,9 @@ class Policy:
         st = self._st(name)
         rejected = 0 if (censored or n_accepted >= n_drafted) else 1
         st.rates.setdefault(bucket(match_len), _Rate()).add(n_accepted, n_accepted + rejected, self.decay)
+        st.last_obs = self.round
         if verified:
             st.rounds += 1
             st.last_round = self.round
+            if n_accepted >= n_drafted:     # a fully accepted draft: look again soon
+                st.gap = self.min_gap
