@@ -5,7 +5,9 @@
 Implementations (--impls): v1 (gemv_kernel.py, dp4a), v2 (gemv2.py, int8 tensor cores, raw GGUF
 blocks), v2p (v2 on the planar re-layout, gemv2_layout.relayout), v2n1 / v2n1p (v2's dp4a
 small-N path, gemv2_small.py, raw / planar; N <= 2 only, other N are skipped), cu (CUDA C++
-kernel, gemv_cuda.py, raw blocks, every type it supports, N <= 16; config keys wpr, kern=v2|v2h|v3|v4|auto), e.g.
+kernel, gemv_cuda.py, raw blocks, every type it supports, N <= 16; config keys wpr, kern=v2|v2h|v3|v4|auto),
+mma (int8 tensor-core skinny GEMM, gemv_mma.py, raw blocks, Q8_0 Q4_K Q5_K Q6_K IQ4_XS; config keys
+ctas_per_sm, rt), e.g.
   python3 bench/gemv.py --out $OUT --impls v1,v2,v2n1,v2n1p --ns 1,2,8
 --configs applies to every implementation (keys R, KB, SPLIT, num_warps, U).
 (A lanes-along-K variant, "v3", was measured 1.1-2x slower on the FFN shapes and removed: bench/RESULTS.md.)
@@ -119,6 +121,9 @@ def skip(impl, t, n):
     if impl == "cu":
         from tightfit.kernels import gemv_cuda
         return not gemv_cuda.supported(t)
+    if impl == "mma":
+        from tightfit.kernels import gemv_mma
+        return not gemv_mma.supported(t)
     return (impl != "v1" and t not in V2_TYPES) or (impl.startswith("v2n1") and n > 2)
 
 
@@ -135,6 +140,11 @@ def call(impl, x, w, t, n_out, n_in, out, cfg=None):
         from tightfit.kernels.quantize_act import quantize_act
         cu_cfg = {k: cfg[k] for k in ("wpr", "kern") if cfg and k in cfg} or None
         return gemv_cuda(quantize_act(x, 0), w, t, n_out, out, config=cu_cfg)
+    if impl == "mma":               # tensor-core skinny GEMM (gemv_mma.py); config ctas_per_sm, rt
+        from tightfit.kernels.gemv_mma import gemv_mma
+        from tightfit.kernels.quantize_act import quantize_act
+        mma_cfg = {k: cfg[k] for k in ("ctas_per_sm", "rt") if cfg and k in cfg} or None
+        return gemv_mma(quantize_act(x, 0), w, t, n_out, out, config=mma_cfg)
     if impl.startswith("v2n1"):
         cfg = {**(cfg or {}), "PATH": "dp4a"}
     elif impl in ("v2", "v2p"):
@@ -171,7 +181,7 @@ def check(t, n_in, n_out, ns, gen, impls, rows=128):
     wsel = w.view(n_out, rb)[torch.from_numpy(sel).cuda()].cpu().numpy()
     res = []
     for impl in impls:
-        if impl not in ("v1", "cu") and t not in V2_TYPES:
+        if impl not in ("v1", "cu", "mma") and t not in V2_TYPES:
             continue
         wi = relayout_torch(w, t) if planar_impl(impl) else w
         for n in ns:
@@ -202,7 +212,7 @@ def timeit(t, n_in, n_out, ns, gen, impls, cfg=None, min_bytes=1.5e9):
     res = []
     relaid = False
     for impl in sorted(impls, key=planar_impl):     # planar ones last: they re-lay ws out
-        if impl not in ("v1", "cu") and t not in V2_TYPES:
+        if impl not in ("v1", "cu", "mma") and t not in V2_TYPES:
             continue
         if planar_impl(impl) and not relaid:
             ws = [relayout_torch(w, t) for w in ws]

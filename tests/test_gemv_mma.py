@@ -1,0 +1,193 @@
+"""Tensor-core skinny GEMM (tightfit/kernels/cuda/gemv_mma.cuh), CPU side.
+
+(a) The format code of gemv_mma.cuh (load / afrag / xfrag / scale) is compiled with g++ and run
+    per (lane, group); the results are assembled into the mma tiles exactly as the PTX ISA lays
+    out mma.m16n8k32 / m16n8k16 .s8 fragments (A row g / g+8, slot 4t.. and 16+4t..; B column g)
+    and multiplied in int64 / float64. Oracle: tightfit.quant's reference dequantization of the
+    same random blocks (and the float64 dot with the integer x). The slot -> position map each
+    lane's xfrag realises must be a permutation of the group's positions.
+(b) nvcc -arch=sm_90 compiles every tf_mma<M, NT> instantiation without spills (skipped when
+    nvcc is missing).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from tightfit.quant.dequant import dequantize
+from tightfit.quant.traits import traits
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                                reason="no host C++ compiler")
+
+from tightfit.kernels import gemv_mma as gm  # noqa: E402
+
+NAMES = {8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 23: "IQ4_XS"}
+TYPES = list(NAMES)
+F16_FIELDS = {8: [0], 12: [0, 2], 13: [0, 2], 14: [208], 23: [0]}
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc"
+                                if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+
+
+def rand_blocks(rng, t, nblk):
+    tr = traits(t)
+    raw = rng.integers(0, 256, size=(nblk, tr.type_size), dtype=np.uint8)
+    for off in F16_FIELDS[t]:
+        sc = rng.uniform(0.001, 0.01, nblk) * rng.choice([-1.0, 1.0], nblk)
+        raw[:, off:off + 2] = sc.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return raw
+
+
+def lane_tiles(t, blks, xs, j):
+    """A [16, KS] int8 tile (rows = blks[0..15]), B [KS, 8] tile (columns = xs[0..7], each the
+    int8 x of one block) and ws / wm [16] of group j, gathered the way the mma fragments are:
+    lane (g, tt) supplies A rows g and g+8 (its afrag on those rows' blocks), B column g (its xfrag
+    on column g's x)."""
+    info = gm.host_info(t)
+    ks = info["KS"]
+    kw = ks // 16
+    A = np.zeros((16, ks), np.int64)
+    B = np.zeros((ks, 8), np.int64)
+    ws = np.zeros(16)
+    wm = np.zeros(16)
+    for lane in range(32):
+        g, tt = lane >> 2, lane & 3
+        for r in (g, g + 8):
+            a, b, s0, s1 = gm.host_frag(t, blks[r], xs[g], tt, j)
+            for h in range(kw):                 # word h = slots 16h + 4tt .. 16h + 4tt + 3
+                A[r, 16 * h + 4 * tt:16 * h + 4 * tt + 4] = a[4 * h:4 * h + 4]
+                B[16 * h + 4 * tt:16 * h + 4 * tt + 4, g] = b[4 * h:4 * h + 4]
+            if tt == 0:
+                ws[r], wm[r] = s0, s1
+            else:   # every lane of a row must see the same scales
+                assert (ws[r], wm[r]) == (s0, s1)
+    return A, B, ws, wm
+
+
+@pytest.mark.parametrize("t", TYPES, ids=NAMES.get)
+def test_slots_are_a_permutation(t):
+    """x byte = its position inside the group: what the B tile holds per slot is then the
+    physical position; every lane / group must cover each position exactly once."""
+    info = gm.host_info(t)
+    qk, ks = info["QK"], info["KS"]
+    xb = (np.arange(qk) % ks).astype(np.int8)
+    blks = rand_blocks(np.random.default_rng(1), t, 16)
+    for j in range(info["NG"]):
+        _, B, _, _ = lane_tiles(t, blks, [xb] * 8, j)
+        for c in range(8):
+            assert sorted(B[:, c].tolist()) == list(range(ks)), f"{NAMES[t]} group {j}"
+
+
+@pytest.mark.parametrize("t", TYPES, ids=NAMES.get)
+def test_tiles_match_reference(t):
+    """Per group: ws_r * (A.B)[r, c] - wm_r * sum(x_c over the group) == the reference
+    dequantized row's dot with the integer x, for 16 random rows x 8 random columns."""
+    info = gm.host_info(t)
+    qk, ks = info["QK"], info["KS"]
+    rng = np.random.default_rng(t)
+    for rep in range(2):
+        blks = rand_blocks(rng, t, 16)
+        W = dequantize(blks, t).astype(np.float64).reshape(16, qk)
+        X = rng.integers(-127, 128, size=(8, qk)).astype(np.int8)
+        for j in range(info["NG"]):
+            A, B, ws, wm = lane_tiles(t, blks, list(X), j)
+            D = A @ B                                            # int64: the mma's exact result
+            xsum = X[:, ks * j:ks * j + ks].astype(np.int64).sum(axis=1)
+            got = ws[:, None] * D - wm[:, None] * xsum[None, :]
+            ref = W[:, ks * j:ks * j + ks] @ X[:, ks * j:ks * j + ks].astype(np.float64).T
+            scale = np.abs(W[:, ks * j:ks * j + ks]).sum(axis=1, keepdims=True) * 127 + 1e-30
+            err = np.abs(got - ref) / scale
+            assert err.max() < 1e-5, f"{NAMES[t]} rep {rep} group {j}: {err.max():.2e}"
+
+
+@pytest.mark.parametrize("t", TYPES, ids=NAMES.get)
+def test_emulated_gemv(t):
+    """A whole 16 x K by N GEMV through the assembled tiles and the kernel's epilogue formula
+    (acc += xd[c, e/32] * (ws * D - wm * (s16 sums of the group))), K = 2 blocks, vs float64
+    reference dequant of W times the de-quantized x."""
+    from tightfit.kernels.quantize_act import quantize_act_ref
+    info = gm.host_info(t)
+    qk, ks = info["QK"], info["KS"]
+    rng = np.random.default_rng(100 + t)
+    nblk = 2 if qk == 256 else 8
+    K = nblk * qk
+    blks = rand_blocks(rng, t, 16 * nblk).reshape(16, nblk, -1)
+    W = dequantize(blks.reshape(-1), t).astype(np.float64).reshape(16, K)
+    x = rng.standard_normal((8, K))
+    q, d, s16 = quantize_act_ref(x)
+    q = q.reshape(8, K).astype(np.int8)
+    y = np.zeros((16, 8))
+    for b in range(nblk):
+        for j in range(info["NG"]):
+            A, B, ws, wm = lane_tiles(t, blks[:, b], list(q[:, b * qk:(b + 1) * qk]), j)
+            D = A @ B
+            e = b * qk + ks * j
+            xs = s16[:, e // 16] + (s16[:, e // 16 + 1] if ks == 32 else 0)
+            y += d[:, e // 32][None, :] * (ws[:, None] * D - (wm[:, None] * xs[None, :]))
+    ref = W @ (q.astype(np.float64) * np.repeat(d, 32, axis=1)).T
+    e = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+    assert e < 1e-5, f"{NAMES[t]}: {e:.2e}"
+
+
+def test_corrupted_byte_is_seen():
+    """The tile check can fail: flipping one code byte of one row changes the assembled dot."""
+    t = 12
+    rng = np.random.default_rng(7)
+    blks = rand_blocks(rng, t, 16)
+    X = rng.integers(-127, 128, size=(8, 256)).astype(np.int8)
+    A, B, _, _ = lane_tiles(t, blks, list(X), 0)
+    blks2 = blks.copy()
+    blks2[3, 16 + 5] ^= 0x0F                       # sub-block 0, row 3, position 5
+    A2, B2, _, _ = lane_tiles(t, blks2, list(X), 0)
+    assert (A2 @ B2 != A @ B)[3].any() and (A2 @ B2 == A @ B)[np.arange(16) != 3].all()
+
+
+@pytest.mark.parametrize("t", TYPES, ids=NAMES.get)
+def test_python_mirrors_header(t):
+    """gemv_mma.py's launch geometry uses its own copies of the header's constants."""
+    info = gm.host_info(t)
+    tr = traits(t)
+    assert (info["QK"], info["BB"]) == (tr.block_size, tr.type_size)
+    assert info["KS"] * info["NG"] == info["QK"]
+    assert gm.step_blocks(t, 1) == info["U1"] and gm.step_blocks(t, 2) == info["U2"]
+    assert gm.step_blocks(t, 1, 2) == info["U1R2"] and gm.step_blocks(t, 2, 2) == info["U2R2"]
+    assert min(info[k] for k in ("U1", "U2", "U1R2", "U2R2")) >= 1
+
+
+def test_geometry_one_wave_balanced():
+    """Stream-K grid: at most one wave (sms * ctas_per_sm CTAs), every warp within one item of
+    the others, split reported iff some warp's range cuts a tile."""
+    for t in TYPES:
+        for n_in, n_out in [(5120, 17408), (17408, 5120), (5120, 1024), (5120, 40), (2304, 300)]:
+            for nt, rt in gm.KERNELS:
+                ctas, split = gm.geometry(t, n_in, n_out, 132, 2, nt, rt)
+                u, qk = gm.step_blocks(t, nt, rt), traits(t).block_size
+                spt = -(-(n_in // qk) // u)
+                items = -(-n_out // (16 * rt)) * spt
+                assert 1 <= ctas <= 264
+                nw = ctas * 8
+                b = items * np.arange(nw + 1) // nw
+                per = np.diff(b)
+                assert per.max() - per.min() <= 1 and per.max() == -(-items // min(items, 2112))
+                assert split == bool((b[1:-1] % spt != 0).any())
+
+
+def test_supported_list():
+    assert [t for t in TYPES if gm.supported(t)] == TYPES
+    assert not gm.supported(2) and not gm.supported(10)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_nvcc_sm90_no_spills():
+    rows = gm.compile_report("sm_90", nvcc=NVCC)
+    assert len(rows) == len(TYPES) * len(gm.KERNELS), rows
+    # known exception: Q6_K with two B tiles or two row tiles (NT * RT = 2) spills <= 48 bytes at
+    # the 128-register cap of 2 CTAs/SM (16 groups per block); every other one is clean
+    bad = [r for r in rows if (r["spill_stores"] or r["spill_loads"])
+           and not (r["format"] == "M_Q6_K" and r["nt"] * r["rt"] >= 2
+                    and r["spill_stores"] + r["spill_loads"] <= 48)]
+    assert not bad, bad
+    assert all(r["regs"] <= 128 for r in rows), rows     # 2 CTAs of 256 threads per SM

@@ -1,0 +1,586 @@
+// tightfit skinny GEMM on int8 tensor cores ("mma" path): y[c, r] = sum_k x[c, k] * W[r, k] for
+// N = 1..16 activation columns, W in raw GGUF blocks, x = quantize_act layout 0 (CONTRACT.md
+// "Semantics"). Include after gemv_common.cuh; nothing else is needed.
+//
+// Why: the dp4a kernels (gemv_kernel.cuh) decode a weight word once but then pay one dp4a and one
+// x load per column, so t(N) grows ~linearly with N. Here one warp owns a 16-row tile (two in
+// tf_mma_rt) and every 32-group (16-group for Q6_K) of K is one mma.m16n8k32 (m16n8k16) per row
+// tile: the decode is paid once per weight as at N = 1, and the 8 columns of a B tile cost one
+// tensor instruction plus an fp32 epilogue per group.
+//
+// Fragment layout (PTX ISA, "Matrix Fragments for mma.m16n8k32" / "m16n8k16", .s8 / .s32), with
+// g = lane >> 2, t = lane & 3:
+//   A (16 x KS, row-major), KS = 32: a0 = row g, k 4t..4t+3; a1 = row g+8, same k;
+//                                    a2 = row g, k 16+4t..; a3 = row g+8, k 16+4t..
+//                           KS = 16: a0 = row g, k 4t..4t+3; a1 = row g+8, same k
+//   B (KS x 8, column-major): b0 = column g, k 4t..4t+3; (KS = 32) b1 = column g, k 16+4t..
+//   C/D (16 x 8): d0, d1 = row g, columns 2t, 2t+1; d2, d3 = row g+8, columns 2t, 2t+1
+// (byte i of a register = element k + i).
+//
+// Permutation freedom: a group's dot product is unchanged by any permutation of its KS positions
+// applied to both W and x. Each format therefore hands lane t the weights that are cheapest to
+// decode from its packed bytes (afrag, "k slots" 4t.. and 16+4t..) and gathers the x bytes of the
+// SAME physical positions into its b words (xfrag). tests/test_gemv_mma.py checks, on the host,
+// that the slots of a group cover its KS positions exactly once and that the assembled tiles give
+// the reference dequantization's dot.
+//
+// Format interface (struct M_xxx; all members TF_DEV static):
+//   TYPE, QK, BB        GGML type id, weights per block, bytes per block
+//   KS, NG              mma k (32 or 16) and groups per block (QK / KS); group j = elements
+//                       [KS*j, KS*j + KS) of the block
+//   U                   blocks a warp loads back to back per step (bytes in flight per lane)
+//   MINS                true when scale() returns a non-zero wm (min / offset term)
+//   Raw                 one row's share of one block for lane t (what load() fetches)
+//   load(blk, t, Raw&)                  raw loads only (issued for U blocks before any decode)
+//   afrag(Raw, t, j, uint32_t (&a)[KS/16])   int8 weights of group j for slots 4t.. (and 16+4t..)
+//   xfrag(xb, t, j, uint32_t (&b)[KS/16])   x bytes of the same positions (xb: column's x at the
+//                                           block's first element)
+//   scale(Raw, j, float& ws, float& wm)  group j of this row: W = ws * code - wm (per element)
+// Group value for row r and column c: xd[c, grp] * (ws_r * dot_int - wm_r * sum(x_q over group)).
+#pragma once
+
+#define TF_MMA_THREADS 256
+#define TF_MMA_WARPS (TF_MMA_THREADS / 32)
+#define TF_MMA_M4 0x0F0F0F0Fu
+
+// 8 bytes at a 8-byte aligned p
+TF_DEV void tf_mma_ld8(const uint8_t* p, uint32_t& a, uint32_t& b) {
+#if TF_DEVICE
+  const uint2 v = *(const uint2*)p;
+  a = v.x; b = v.y;
+#else
+  memcpy(&a, p, 4); memcpy(&b, p + 4, 4);
+#endif
+}
+TF_DEV void tf_mma_ldx8(const int8_t* p, uint32_t& a, uint32_t& b) {
+  tf_mma_ld8((const uint8_t*)p, a, b);
+}
+TF_DEV uint32_t tf_mma_ldx4(const int8_t* p) { return tf_ld_u32((const uint8_t*)p); }
+
+// ------------------------------------------------------------------ Q8_0 (type 8)
+// d f16 @0, 32 x int8 @2 (block 2-byte aligned). Lane t: bytes 8t..8t+7 (positions 8t..8t+7),
+// x as one 8-byte load at element 8t. U = 8 blocks (272 bytes per row) per step.
+struct M_Q8_0 {
+  static constexpr int TYPE = 8, QK = 32, BB = 34, KS = 32, NG = 1, U = 8;
+  static constexpr bool MINS = false;
+  struct Raw { uint32_t d, q[2]; };
+  TF_DEV static void load(const uint8_t* __restrict__ blk, int t, Raw& r) {
+    r.d = tf_ld_u16(blk);
+    tf_ld_words_a2<2>(blk + 2 + 8 * t, r.q);
+  }
+  TF_DEV static void afrag(const Raw& r, int t, int j, uint32_t (&a)[2]) {
+    (void)t; (void)j;
+    a[0] = r.q[0]; a[1] = r.q[1];
+  }
+  TF_DEV static void xfrag(const int8_t* __restrict__ xb, int t, int j, uint32_t (&b)[2]) {
+    (void)j;
+    tf_mma_ldx8(xb + 8 * t, b[0], b[1]);
+  }
+  TF_DEV static void scale(const Raw& r, int j, float& ws, float& wm) {
+    (void)j;
+    ws = tf_h2f((uint16_t)r.d); wm = 0.f;
+  }
+};
+
+// ------------------------------------------------------------------ K4 scales (Q4_K / Q5_K)
+// S = scales bytes 0..11 as words S0 S1 S2 (h[1..3]); sub-block j: j < 4: sc = S[j] & 63,
+// m = S[j+4] & 63; j >= 4: sc = (S[j+4] & 15) | (S[j-4] >> 6) << 4, m = (S[j+4] >> 4) | (S[j] >> 6) << 4.
+// j is a compile-time constant after unrolling, so every shift below is an immediate.
+TF_DEV void tf_mma_k4_scale(const uint32_t (&h)[4], int j, float& ws, float& wm) {
+  const uint32_t S0 = h[1], S1 = h[2], S2 = h[3];
+  uint32_t sc, m;
+  if (j < 4) {
+    sc = (S0 >> (8 * j)) & 63u;
+    m = (S1 >> (8 * j)) & 63u;
+  } else {
+    const int k = j - 4;
+    sc = ((S2 >> (8 * k)) & 15u) | (((S0 >> (8 * k + 6)) & 3u) << 4);
+    m = ((S2 >> (8 * k + 4)) & 15u) | (((S1 >> (8 * k + 6)) & 3u) << 4);
+  }
+  ws = tf_h2f((uint16_t)h[0]) * (float)sc;
+  wm = tf_h2f((uint16_t)(h[0] >> 16)) * (float)m;
+}
+
+// ------------------------------------------------------------------ Q4_K (type 12)
+// d f16 @0, dmin f16 @2, scales[12] @4, qs[128] @16: chunk c (bytes 16+32c..) holds sub-block 2c
+// in its low nibbles, 2c+1 in its high nibbles (element 32*(2c+h) + l in byte l). Lane t keeps
+// bytes 8t..8t+7 of every chunk (one 8-byte load each): the low nibbles of those 8 bytes are
+// positions 8t..8t+7 of sub-block 2c, the high nibbles the same positions of 2c+1, so x is one
+// 8-byte load at element 32j + 8t for either.
+struct M_Q4_K {
+  static constexpr int TYPE = 12, QK = 256, BB = 144, KS = 32, NG = 8, U = 2;
+  static constexpr bool MINS = true;
+  struct Raw { uint32_t h[4], q[8]; };
+  TF_DEV static void load(const uint8_t* __restrict__ blk, int t, Raw& r) {
+    tf_ld_words<16, 4>(blk, r.h);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) tf_mma_ld8(blk + 16 + 32 * c + 8 * t, r.q[2 * c], r.q[2 * c + 1]);
+  }
+  TF_DEV static void afrag(const Raw& r, int t, int j, uint32_t (&a)[2]) {
+    (void)t;
+    const int c = j >> 1, sh = 4 * (j & 1);
+    a[0] = (r.q[2 * c] >> sh) & TF_MMA_M4;
+    a[1] = (r.q[2 * c + 1] >> sh) & TF_MMA_M4;
+  }
+  TF_DEV static void xfrag(const int8_t* __restrict__ xb, int t, int j, uint32_t (&b)[2]) {
+    tf_mma_ldx8(xb + 32 * j + 8 * t, b[0], b[1]);
+  }
+  TF_DEV static void scale(const Raw& r, int j, float& ws, float& wm) {
+    tf_mma_k4_scale(r.h, j, ws, wm);
+  }
+};
+
+// ------------------------------------------------------------------ Q5_K (type 13)
+// d @0, dmin @2, scales[12] @4, qh[32] @16 (bit j of qh[l] = fifth bit of element 32j + l),
+// qs[128] @48 (as Q4_K). Lane t: qs bytes 8t..8t+7 of every chunk (as Q4_K) and qh bytes
+// 8t..8t+7, whose bit j is the fifth bit of the same positions of sub-block j.
+struct M_Q5_K {
+  static constexpr int TYPE = 13, QK = 256, BB = 176, KS = 32, NG = 8, U = 2;
+  static constexpr bool MINS = true;
+  struct Raw { uint32_t h[4], qh[2], q[8]; };
+  TF_DEV static void load(const uint8_t* __restrict__ blk, int t, Raw& r) {
+    tf_ld_words<16, 4>(blk, r.h);
+    tf_mma_ld8(blk + 16 + 8 * t, r.qh[0], r.qh[1]);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) tf_mma_ld8(blk + 48 + 32 * c + 8 * t, r.q[2 * c], r.q[2 * c + 1]);
+  }
+  TF_DEV static void afrag(const Raw& r, int t, int j, uint32_t (&a)[2]) {
+    (void)t;
+    const int c = j >> 1, sh = 4 * (j & 1);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      // bit j of each qh byte -> bit 4 (j >= 4: shift right, else left; both immediates)
+      const uint32_t hb = j >= 4 ? (r.qh[i] >> (j - 4)) : (r.qh[i] << (4 - j));
+      a[i] = ((r.q[2 * c + i] >> sh) & TF_MMA_M4) | (hb & 0x10101010u);
+    }
+  }
+  TF_DEV static void xfrag(const int8_t* __restrict__ xb, int t, int j, uint32_t (&b)[2]) {
+    tf_mma_ldx8(xb + 32 * j + 8 * t, b[0], b[1]);
+  }
+  TF_DEV static void scale(const Raw& r, int j, float& ws, float& wm) {
+    tf_mma_k4_scale(r.h, j, ws, wm);
+  }
+};
+
+// ------------------------------------------------------------------ Q6_K (type 14)
+// ql[128] @0, qh[64] @128, int8 scales[16] @192, d f16 @208 (block 2-byte aligned only).
+// Element 128n + 32k + l: low 4 bits = ql[64n + 32(k&1) + l] nibble k>>1, high 2 bits =
+// qh[32n + l] bits 2k..2k+1, scale = scales[8n + 2k + l/16]; w = d*sc*(q - 32). One scale per 16
+// elements, so KS = 16 (m16n8k16): group G = 8n + 2k + lh = elements 16G.. (l = 16lh + 0..15).
+// Lane t: positions 4t..4t+3 of each group: ql bytes 16m + 4t (m = 4n + 2(k&1) + lh, 8 words,
+// each serving k and k+2) and qh bytes 128 + 16(2n + lh) + 4t (4 words, each serving k = 0..3).
+// The -32 offset goes through the group's x sum: wm = 32 * ws.
+struct M_Q6_K {
+  // U = 1: at U = 2 the 16 groups' hoisted x words and sums spilled at 128 registers
+  static constexpr int TYPE = 14, QK = 256, BB = 210, KS = 16, NG = 16, U = 1;
+  static constexpr bool MINS = true;
+  struct Raw { uint32_t ql[8], qh[4], sc[4], d; };
+  TF_DEV static void load(const uint8_t* __restrict__ blk, int t, Raw& r) {
+#pragma unroll
+    for (int m = 0; m < 8; ++m) r.ql[m] = tf_ld_u32_a2(blk + 16 * m + 4 * t);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) r.qh[m] = tf_ld_u32_a2(blk + 128 + 16 * m + 4 * t);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) r.sc[m] = tf_ld_u32_a2(blk + 192 + 4 * m);
+    r.d = tf_ld_u16(blk + 208);
+  }
+  TF_DEV static void afrag(const Raw& r, int t, int G, uint32_t (&a)[1]) {
+    (void)t;
+    const int n = G >> 3, k = (G >> 1) & 3, lh = G & 1;
+    const uint32_t lo = (r.ql[4 * n + 2 * (k & 1) + lh] >> (4 * (k >> 1))) & TF_MMA_M4;
+    const uint32_t hq = r.qh[2 * n + lh];
+    const uint32_t hi = (2 * k <= 4 ? (hq << (4 - 2 * k)) : (hq >> (2 * k - 4))) & 0x30303030u;
+    a[0] = lo | hi;
+  }
+  TF_DEV static void xfrag(const int8_t* __restrict__ xb, int t, int G, uint32_t (&b)[1]) {
+    b[0] = tf_mma_ldx4(xb + 16 * G + 4 * t);
+  }
+  TF_DEV static void scale(const Raw& r, int G, float& ws, float& wm) {
+    const int sc = (int)(int8_t)(uint8_t)(r.sc[G >> 2] >> (8 * (G & 3)));
+    ws = tf_h2f((uint16_t)r.d) * (float)sc;
+    wm = 32.f * ws;
+  }
+};
+
+// ------------------------------------------------------------------ IQ4_XS (type 23)
+// d f16 @0, scales_h u16 @2, scales_l[4] @4, qs[128] @8: sub-block j = qs bytes 16j..16j+15, byte i
+// low nibble = element i, high nibble = element i + 16; ls = ((scales_l >> 4j) & 15) |
+// ((scales_h >> 2j) & 3) << 4, w = d * (ls - 32) * kvalues[code].
+// Lane t: qs bytes 16j + 4t..4t+3 (one aligned word). A PRMT lookup reads the word's nibbles in
+// place, so its 4 results are the elements (4t, 4t+16, 4t+1, 4t+17) (low half of the word) and
+// (4t+2, 4t+18, 4t+3, 4t+19) (high half): those are this lane's slot orders, and x is permuted to
+// match (2 PRMT per column and group) instead of re-interleaving the lookups per row.
+#define TF_MMA_IQ4_T0 0xBFAD9881u   // kvalues_iq4nl[0..3], little-endian bytes
+#define TF_MMA_IQ4_T1 0xF6EADDCFu   // [4..7]
+#define TF_MMA_IQ4_T2 0x26190D01u   // [8..11]
+#define TF_MMA_IQ4_T3 0x71594535u   // [12..15]
+// 4 codes = the 4 nibbles of w's low 16 bits -> their int8 kvalues (byte k = nibble k)
+TF_DEV uint32_t tf_mma_iq4_lut(uint32_t w) {
+  const uint32_t s7 = w & 0x7777u;
+  // select nibble k: k (from the low table pair) or k + 4 (high pair) when bit 3 of code k is set
+  const uint32_t m = ((w >> 1) & 0x4444u) | 0x3210u;
+  return tf_prmt(tf_prmt(TF_MMA_IQ4_T0, TF_MMA_IQ4_T1, s7), tf_prmt(TF_MMA_IQ4_T2, TF_MMA_IQ4_T3, s7), m);
+}
+struct M_IQ4_XS {
+  static constexpr int TYPE = 23, QK = 256, BB = 136, KS = 32, NG = 8, U = 2;
+  static constexpr bool MINS = false;
+  struct Raw { uint32_t h[2], q[8]; };
+  TF_DEV static void load(const uint8_t* __restrict__ blk, int t, Raw& r) {
+    tf_mma_ld8(blk, r.h[0], r.h[1]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) r.q[j] = tf_ld_u32(blk + 8 + 16 * j + 4 * t);
+  }
+  TF_DEV static void afrag(const Raw& r, int t, int j, uint32_t (&a)[2]) {
+    (void)t;
+    a[0] = tf_mma_iq4_lut(r.q[j]);
+    a[1] = tf_mma_iq4_lut(tf_hi16(r.q[j]));
+  }
+  TF_DEV static void xfrag(const int8_t* __restrict__ xb, int t, int j, uint32_t (&b)[2]) {
+    const uint32_t x0 = tf_mma_ldx4(xb + 32 * j + 4 * t), x1 = tf_mma_ldx4(xb + 32 * j + 16 + 4 * t);
+    b[0] = tf_prmt(x0, x1, 0x5140u);   // elements 4t, 4t+16, 4t+1, 4t+17
+    b[1] = tf_prmt(x0, x1, 0x7362u);   // 4t+2, 4t+18, 4t+3, 4t+19
+  }
+  TF_DEV static void scale(const Raw& r, int j, float& ws, float& wm) {
+    const uint32_t ls = ((r.h[1] >> (4 * j)) & 15u) | (((r.h[0] >> (16 + 2 * j)) & 3u) << 4);
+    ws = tf_h2f((uint16_t)r.h[0]) * (float)((int)ls - 32);
+    wm = 0.f;
+  }
+};
+
+#define TF_MMA_FORMATS(X) X(M_Q8_0, 8) X(M_Q4_K, 12) X(M_Q5_K, 13) X(M_Q6_K, 14) X(M_IQ4_XS, 23)
+
+// Blocks per step: the format's U at NT = RT = 1; at NT = 2 the second tile's hoisted x words,
+// scales and sums take the registers of U - 1 blocks' raw words (ptxas spilled at U = 2, 128
+// registers), and RT = 2 row tiles hold twice the raw words per block, so the 256-element formats
+// step one block at a time there (Q8_0: U / RT). gemv_mma.py mirrors this (step_blocks()).
+template <class M, int NT, int RT = 1> struct tf_mma_u {
+  static constexpr int U = M::QK == 32 ? M::U / RT : ((NT == 1 && RT == 1) ? M::U : 1);
+};
+
+#if TF_DEVICE
+// ------------------------------------------------------------------ tensor-core primitives
+// D = A . B with C = 0 (one mma per group: the group's scales differ, so its integer dot must
+// come out separately). Plain asm (no volatile / memory clobber): pure register arithmetic.
+TF_DEV void tf_mma_k32(const uint32_t (&a)[4], const uint32_t (&b)[2], int (&d)[4]) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%10,%10,%10};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
+}
+TF_DEV void tf_mma_k16(const uint32_t (&a)[2], const uint32_t (&b)[1], int (&d)[4]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%7,%7,%7,%7};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(b[0]), "r"(0));
+}
+
+// Activation side loads of the epilogue (device: one vector load each; alignment below).
+template <int NV>
+TF_DEV void tf_mma_ldf(const float* p, float (&v)[NV]) {    // p aligned to 4 * NV bytes
+  if constexpr (NV == 2) {
+    const float2 a = *(const float2*)p;
+    v[0] = a.x; v[1] = a.y;
+  } else {
+    v[0] = *p;
+  }
+}
+template <int NV>
+TF_DEV void tf_mma_ldi(const int* p, int (&v)[NV]) {        // p aligned to 4 * NV bytes
+  if constexpr (NV == 4) {
+    const int4 a = *(const int4*)p;
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+  } else {
+    const int2 a = *(const int2*)p;
+    v[0] = a.x; v[1] = a.y;
+  }
+}
+
+// One mma of group j and its fp32 epilogue: d = (rows g, g+8) x (columns 2t, 2t+1) of the tile.
+// xdv[cc] = x scale of column cc's 32-group, xs[cc] = its integer sum over the group (MINS only).
+template <class M>
+TF_DEV void tf_mma_group(const uint32_t (&w0)[M::KS / 16], const uint32_t (&w1)[M::KS / 16],
+                         const uint32_t (&b)[M::KS / 16], float ws0, float wm0, float ws1,
+                         float wm1, const float (&xdv)[2], const int (&xs)[2], float (&acc)[4]) {
+  int d[4];
+  if constexpr (M::KS == 32) {
+    const uint32_t a[4] = {w0[0], w1[0], w0[1], w1[1]};
+    tf_mma_k32(a, b, d);
+  } else {
+    const uint32_t a[2] = {w0[0], w1[0]};
+    tf_mma_k16(a, b, d);
+  }
+#pragma unroll
+  for (int cc = 0; cc < 2; ++cc) {
+    float s0 = ws0 * (float)d[cc], s1 = ws1 * (float)d[2 + cc];
+    if constexpr (M::MINS) {
+      const float f = (float)xs[cc];
+      s0 -= wm0 * f;
+      s1 -= wm1 * f;
+    }
+    acc[cc] += xdv[cc] * s0;
+    acc[2 + cc] += xdv[cc] * s1;
+  }
+}
+
+// One block of RT row tiles (r0[rt] = row 16rt + g, r1[rt] = row 16rt + g + 8 of the warp's tile
+// group) against NT B tiles. bb = block index in the row; xo[T] = element offset of the tile's B
+// column (8T + g, clamped) in xq; co[T][cc] = offset of the epilogue column 8T + 2t + cc (clamped)
+// in xd (its offset in xs16 is twice that). 32-bit offsets: NT * 3 registers fewer than pointers.
+// Per tile the block's pointers are formed once (the group loads then take immediate offsets) and
+// the epilogue's scales / sums come per 64-element chunk as one float2 (xd of its two 32-groups)
+// and one int4 (its four 16-sums) per column: 2 loads per chunk and column instead of 6 scalar
+// ones (alignment: K is a multiple of 256, so every column starts 32-byte aligned in xd and xs16;
+// a chunk at element 64c sits at xd + 2c, xs16 + 4c; 32-element chunks: xd + c, xs16 + 2c).
+// The weight fragments of a chunk's groups are decoded once and shared by the NT tiles; the x
+// fragments and column scales of a tile are loaded once and shared by the RT row tiles (at N = 8
+// the x side of a 16-row tile is ~1.2x its weight bytes through L1, so RT = 2 halves that).
+template <class M, int NT, int RT>
+TF_DEV void tf_mma_block(const typename M::Raw (&r0)[RT], const typename M::Raw (&r1)[RT], int t,
+                         int bb, const int8_t* __restrict__ xq, const float* __restrict__ xd,
+                         const int* __restrict__ xs16, const int (&xo)[NT], const int (&co)[NT][2],
+                         float (&acc)[RT][NT][4]) {
+  constexpr int KW = M::KS / 16;
+  if constexpr (M::QK == 32) {              // Q8_0: one group per block, no sums
+    uint32_t w0[RT][KW], w1[RT][KW];
+    float ws0[RT], wm0[RT], ws1[RT], wm1[RT];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      M::afrag(r0[rt], t, 0, w0[rt]);
+      M::afrag(r1[rt], t, 0, w1[rt]);
+      M::scale(r0[rt], 0, ws0[rt], wm0[rt]);
+      M::scale(r1[rt], 0, ws1[rt], wm1[rt]);
+    }
+#pragma unroll
+    for (int T = 0; T < NT; ++T) {
+      uint32_t b[KW];
+      M::xfrag(xq + (xo[T] + bb * M::QK), t, 0, b);
+      const float xdv[2] = {tf_ldf(xd + (co[T][0] + bb)), tf_ldf(xd + (co[T][1] + bb))};
+      const int xs[2] = {0, 0};
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt)
+        tf_mma_group<M>(w0[rt], w1[rt], b, ws0[rt], wm0[rt], ws1[rt], wm1[rt], xdv, xs, acc[rt][T]);
+    }
+  } else {
+    // elements per chunk: 64; 32 for Q6_K at NT = 2, where 4 decoded groups x 2 tiles spilled
+    constexpr int CE = (M::KS == 16 && NT * RT >= 2) ? 32 : 64;
+    constexpr int GPC = CE / M::KS;         // groups per chunk
+#pragma unroll
+    for (int ch = 0; ch < M::QK / CE; ++ch) {
+      uint32_t w0[RT][GPC][KW], w1[RT][GPC][KW];
+      float ws0[RT][GPC], wm0[RT][GPC], ws1[RT][GPC], wm1[RT][GPC];
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int q = 0; q < GPC; ++q) {
+          M::afrag(r0[rt], t, ch * GPC + q, w0[rt][q]);
+          M::afrag(r1[rt], t, ch * GPC + q, w1[rt][q]);
+          M::scale(r0[rt], ch * GPC + q, ws0[rt][q], wm0[rt][q]);
+          M::scale(r1[rt], ch * GPC + q, ws1[rt][q], wm1[rt][q]);
+        }
+#pragma unroll
+      for (int T = 0; T < NT; ++T) {
+        const int8_t* __restrict__ xp = xq + (xo[T] + bb * M::QK);
+        float xd2[2][CE / 32];
+        int s4[2][CE / 16];
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int o = co[T][cc] + bb * (M::QK / 32) + (CE / 32) * ch;
+          tf_mma_ldf<CE / 32>(xd + o, xd2[cc]);
+          if constexpr (M::MINS) tf_mma_ldi<CE / 16>(xs16 + 2 * o, s4[cc]);
+        }
+#pragma unroll
+        for (int q = 0; q < GPC; ++q) {
+          const int j = ch * GPC + q;
+          uint32_t b[KW];
+          M::xfrag(xp, t, j, b);
+          const int h = (M::KS * q) >> 5;   // 32-group of the chunk
+          const float xdv[2] = {xd2[0][h], xd2[1][h]};
+          int xs[2] = {0, 0};
+          if constexpr (M::MINS) {
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc)
+              xs[cc] = M::KS == 32 ? s4[cc][2 * q] + s4[cc][2 * q + 1] : s4[cc][q];
+          }
+#pragma unroll
+          for (int rt = 0; rt < RT; ++rt)
+            tf_mma_group<M>(w0[rt][q], w1[rt][q], b, ws0[rt][q], wm0[rt][q], ws1[rt][q],
+                            wm1[rt][q], xdv, xs, acc[rt][T]);
+        }
+      }
+    }
+  }
+}
+
+// Store (or add, when other warps share the tile) a warp's partial tile: lane (g, t) holds rows
+// g, g+8 x columns 8T + 2t, 8T + 2t + 1.
+template <int NT>
+TF_DEV void tf_mma_flush(float* __restrict__ y, int n_out, int ncols, int row0, int t, bool add,
+                         const float (&acc)[NT][4]) {
+  const int row1 = row0 + 8;
+#pragma unroll
+  for (int T = 0; T < NT; ++T)
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const int c = 8 * T + 2 * t + cc;
+      if (c < ncols) {
+        float* p0 = y + (uint64_t)c * n_out + row0;
+        if (row0 < n_out) { if (add) atomicAdd(p0, acc[T][cc]); else *p0 = acc[T][cc]; }
+        if (row1 < n_out) { if (add) atomicAdd(p0 + 8, acc[T][2 + cc]); else p0[8] = acc[T][2 + cc]; }
+      }
+    }
+}
+
+// tf_mma: one 16-row tile per warp (the default; kept apart from tf_mma_rt's general form, with
+// which ptxas spilled a few bytes at RT = 1).
+// Work split ("stream-K"): a work item is one step = U consecutive blocks of one 16-row tile
+// (items tile*spt .. tile*spt + spt - 1, spt = ceil(nb / U)); the launch's nw warps take equal
+// contiguous item ranges [I*w/nw, I*(w+1)/nw), I = tiles*spt. gemv_mma.py sizes the grid to one
+// wave of resident warps with ~equal items per warp, so there is no tail wave (a 16-row tile per
+// warp with a fixed K split left up to half the SMs idle in a second wave). A warp accumulates
+// along its range in registers and flushes at every tile change: a plain store when it covered the
+// whole tile, else an atomicAdd into y, which the caller zeroed first (`split` != 0).
+// Inside a tile the 4 lanes of a row read 32 contiguous bytes per load and consecutive steps walk
+// the row's bytes in order; each step issues the U blocks' loads for both rows before the first mma.
+// Rows past n_out compute on row n_out-1's weights and are never stored. Columns: ncols <= 8*NT;
+// B columns past ncols read column ncols-1 and are never stored.
+template <class M, int NT>
+__global__ void __launch_bounds__(TF_MMA_THREADS, 2)
+tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
+       const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int ncols,
+       int split) {
+  constexpr int U = tf_mma_u<M, NT>::U;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int nb = K / M::QK;
+  const int spt = (nb + U - 1) / U;
+  const int tiles = (n_out + 15) >> 4;
+  const int64_t items = (int64_t)tiles * spt;
+  const int64_t nw = (int64_t)gridDim.x * TF_MMA_WARPS;
+  const int64_t gw = (int64_t)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
+  int it = (int)(items * gw / nw);
+  const int iend = (int)(items * (gw + 1) / nw);
+  // offsets fit in int: N <= 16 columns of K < 2^26 elements
+  int xo[NT], co[NT][2];
+#pragma unroll
+  for (int T = 0; T < NT; ++T) {
+    const int cb = 8 * T + g;
+    xo[T] = (cb < ncols ? cb : ncols - 1) * K;
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const int ce0 = 8 * T + 2 * t + cc, ce = ce0 < ncols ? ce0 : ncols - 1;
+      co[T][cc] = ce * (K >> 5);
+    }
+  }
+  while (it < iend) {                                        // warp-uniform
+    const int tile = it / spt, s0 = it - tile * spt;
+    const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
+    const int row0 = tile * 16 + g, row1 = row0 + 8;
+    const uint8_t* __restrict__ wr0 = W + (uint64_t)(row0 < n_out ? row0 : n_out - 1) * nb * M::BB;
+    const uint8_t* __restrict__ wr1 = W + (uint64_t)(row1 < n_out ? row1 : n_out - 1) * nb * M::BB;
+    float acc[1][NT][4];
+#pragma unroll
+    for (int T = 0; T < NT; ++T)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[0][T][i] = 0.f;
+    for (int b = s0 * U; b < s1 * U; b += U) {
+      typename M::Raw r0[U][1], r1[U][1];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (b + u < nb) {
+          M::load(wr0 + (uint64_t)(b + u) * M::BB, t, r0[u][0]);
+          M::load(wr1 + (uint64_t)(b + u) * M::BB, t, r1[u][0]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (b + u < nb) tf_mma_block<M, NT, 1>(r0[u], r1[u], t, b + u, xq, xd, xs16, xo, co, acc);
+    }
+    tf_mma_flush<NT>(y, n_out, ncols, row0, t, split && (s0 != 0 || s1 != spt), acc[0]);
+    it += s1 - s0;
+  }
+}
+
+// tf_mma_rt (opt-in, gemv_mma.py config "rt": 2; instantiated at NT = 1, RT = 2): tf_mma with
+// RT row tiles per warp, so each x fragment and column scale load serves 16*RT rows.
+// Work split ("stream-K"): a work item is one step = U consecutive blocks of one group of RT
+// 16-row tiles (16*RT rows; items tg*spt .. tg*spt + spt - 1, spt = ceil(nb / U)); the launch's nw
+// warps take equal contiguous item ranges [I*w/nw, I*(w+1)/nw), I = tile groups * spt.
+// gemv_mma.py sizes the grid to one wave of resident warps with ~equal items per warp, so there is
+// no tail wave (a 16-row tile per warp with a fixed K split left up to half the SMs idle in a
+// second wave: measured 2x). A warp accumulates along its range in registers and flushes at every
+// tile-group change: a plain store when it covered the whole group, else an atomicAdd into y,
+// which the caller zeroed first (`split` != 0).
+// Inside a tile the 4 lanes of a row read 32 contiguous bytes per load and consecutive steps walk
+// the row's bytes in order; each step issues the U blocks' loads for all 2*RT rows of the lane
+// before the first mma. Rows past n_out compute on row n_out-1's weights and are never stored.
+// Columns: ncols <= 8*NT; B columns past ncols read column ncols-1 and are never stored.
+template <class M, int NT, int RT>
+__global__ void __launch_bounds__(TF_MMA_THREADS, 2)
+tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
+       const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int ncols,
+       int split) {
+  constexpr int U = tf_mma_u<M, NT, RT>::U;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int nb = K / M::QK;
+  const int spt = (nb + U - 1) / U;
+  const int groups = (n_out + 16 * RT - 1) / (16 * RT);
+  const int64_t items = (int64_t)groups * spt;
+  const int64_t nw = (int64_t)gridDim.x * TF_MMA_WARPS;
+  const int64_t gw = (int64_t)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
+  int it = (int)(items * gw / nw);
+  const int iend = (int)(items * (gw + 1) / nw);
+  // offsets fit in int: N <= 16 columns of K < 2^26 elements
+  int xo[NT], co[NT][2];
+#pragma unroll
+  for (int T = 0; T < NT; ++T) {
+    const int cb = 8 * T + g;
+    xo[T] = (cb < ncols ? cb : ncols - 1) * K;
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const int ce0 = 8 * T + 2 * t + cc, ce = ce0 < ncols ? ce0 : ncols - 1;
+      co[T][cc] = ce * (K >> 5);
+    }
+  }
+  while (it < iend) {                                        // warp-uniform
+    const int tg = it / spt, s0 = it - tg * spt;
+    const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
+    const uint8_t* __restrict__ wr0[RT];
+    const uint8_t* __restrict__ wr1[RT];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      const int ra = (tg * RT + rt) * 16 + g, rb = ra + 8;
+      wr0[rt] = W + (uint64_t)(ra < n_out ? ra : n_out - 1) * nb * M::BB;
+      wr1[rt] = W + (uint64_t)(rb < n_out ? rb : n_out - 1) * nb * M::BB;
+    }
+    float acc[RT][NT][4];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+      for (int T = 0; T < NT; ++T)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[rt][T][i] = 0.f;
+    for (int b = s0 * U; b < s1 * U; b += U) {
+      typename M::Raw r0[U][RT], r1[U][RT];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (b + u < nb) {
+#pragma unroll
+          for (int rt = 0; rt < RT; ++rt) {
+            M::load(wr0[rt] + (uint64_t)(b + u) * M::BB, t, r0[u][rt]);
+            M::load(wr1[rt] + (uint64_t)(b + u) * M::BB, t, r1[u][rt]);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (b + u < nb) tf_mma_block<M, NT, RT>(r0[u], r1[u], t, b + u, xq, xd, xs16, xo, co, acc);
+    }
+    const bool add = split && (s0 != 0 || s1 != spt);
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+      tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, add, acc[rt]);
+    it += s1 - s0;
+  }
+}
+#endif  // TF_DEVICE

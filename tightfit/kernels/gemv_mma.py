@@ -1,0 +1,347 @@
+"""Skinny GEMM on int8 tensor cores for N = 1..16 columns ("mma" path), W in raw GGUF blocks.
+
+tightfit/kernels/cuda/gemv_mma.cuh holds the kernels (tf_mma<M, NT>: one warp per 16-row tile;
+tf_mma_rt<M, 1, 2>: two 16-row tiles per warp; one mma.m16n8k32 / m16n8k16 per weight group,
+row tile and 8-column B tile, fp32 epilogue per group) and the per-format fragment decoders
+(M_Q8_0, M_Q4_K, M_Q5_K, M_Q6_K, M_IQ4_XS). Same contract as gemv_cuda.gemv_cuda: x is
+quantize_act's layout 0, out is fp32 [N, n_out], launched on torch's current stream with raw
+pointers, nothing allocated per call (CUDA-graph capturable after one warm-up call per type, or
+`prepare()`).
+
+Work split: stream-K over (row-tile group, step of U blocks) items, one wave of resident warps
+with equal item ranges (`geometry`); a warp whose range cuts a tile atomically adds its partial
+sums, so such launches zero `out` first (a memset on the same stream; fp32 summation order then
+varies run to run at the 1e-7 level).
+
+Columns: N <= 8 runs NT = 1 (one B tile) with two row tiles per warp (DEFAULT_RT), 9..16 NT = 2
+(two B tiles sharing the decoded A fragments, one row tile), N > 16 in chunks of 16 (weights read
+once per chunk).
+
+Host side (no GPU): `host_frag` runs a format's load / afrag / xfrag / scale compiled with g++ for
+one (block, lane, group), which tests/test_gemv_mma.py assembles into the mma tiles;
+`compile_report` compiles every instantiation offline with nvcc -Xptxas -v.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tightfit.kernels import cuda_runtime as _rt
+from tightfit.kernels.cuda_source import CUDA_DIR, COMMON, source_hash
+from tightfit.quant.traits import traits
+
+MMA = "gemv_mma.cuh"
+THREADS = 256                       # TF_MMA_THREADS
+WARPS = THREADS // 32
+NTS = (1, 2)                        # B tiles per launch (8 columns each)
+RTS = (1, 2)                        # 16-row tiles per warp (config "rt" / env TIGHTFIT_MMA_RT)
+# Measured on the H200 (N = 8, 5120->17408 / 17408->5120, us): rt 1 -> 2: Q4_K 44.6/44.3 ->
+# 34.0/33.9, Q5_K 47.1/47.2 -> 35.8/36.4, IQ4_XS 40.1/42.1 -> 36.2/36.8, Q6_K 72.9/70.9 ->
+# 65.9/64.6, Q8_0 65.8/64.8 -> 58.4/57.9; N = 1 equal or better. So 2 is the default at N <= 8.
+DEFAULT_RT = 2
+# (nt, rt) -> kernel template; rt = 2 only at nt = 1 (N <= 8: at nt = 2 it spilled hundreds of bytes)
+KERNELS = {(1, 1): "tf_mma<{m}, 1>", (2, 1): "tf_mma<{m}, 2>", (1, 2): "tf_mma_rt<{m}, 1, 2>"}
+_FMT_RE = re.compile(r"X\(\s*(M_\w+)\s*,\s*(\d+)\s*\)")
+_lock = threading.Lock()
+_modules: dict[tuple[int, int], dict[int, object]] = {}
+_geom: dict[tuple, tuple] = {}
+
+
+def source() -> str:
+    """Translation unit: gemv_common.cuh + gemv_mma.cuh."""
+    return ((CUDA_DIR / COMMON).read_text() + "\n// ---- " + MMA + "\n"
+            + (CUDA_DIR / MMA).read_text())
+
+
+@lru_cache(maxsize=1)
+def _formats() -> dict[int, str]:
+    src = (CUDA_DIR / MMA).read_text()
+    m = re.search(r"#define\s+TF_MMA_FORMATS\(X\)([^\n]*)", src)
+    return {int(t): n for n, t in _FMT_RE.findall(m.group(1))} if m else {}
+
+
+def supported(qtype: int) -> bool:
+    return int(qtype) in _formats()
+
+
+def available() -> bool:
+    return torch.cuda.is_available() and _rt.cupy() is not None
+
+
+@lru_cache(maxsize=None)
+def _fmt_const(qtype: int, name: str) -> int:
+    """A static constexpr int of a format struct (QK, BB, KS, NG, U), parsed from the header."""
+    st = _formats()[int(qtype)]
+    src = (CUDA_DIR / MMA).read_text()
+    m = re.search(r"struct\s+" + re.escape(st) + r"\s*\{(.*?)\n\};", src, re.S)
+    v = re.search(r"\b" + name + r"\s*=\s*(\d+)", m.group(1)) if m else None
+    if v is None:
+        raise RuntimeError(f"cannot find {name} of {st}")
+    return int(v.group(1))
+
+
+def kernel_names(qtype: int) -> list[str]:
+    name = _formats()[int(qtype)]
+    return [v.format(m=name) for v in KERNELS.values()]
+
+
+def _module(qtype: int, device: int) -> dict[tuple[int, int], object]:
+    key = (device, int(qtype))
+    mods = _modules.get(key)
+    if mods is not None:
+        return mods
+    with _lock:
+        mods = _modules.get(key)
+        if mods is None:
+            cp = _rt.cupy()
+            names = kernel_names(qtype)
+            with cp.cuda.Device(device):
+                mod = cp.RawModule(code=source(), options=("-std=c++17",), name_expressions=names)
+                mods = {key: mod.get_function(n) for key, n in zip(KERNELS, names)}
+            _modules[key] = mods
+    return mods
+
+
+@lru_cache(maxsize=None)
+def _sms(device: int) -> int:
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def prepare(qtype: int, device=None) -> None:
+    """Compile (or load from cupy's cache) the module of `qtype` now, outside any graph capture."""
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    _module(int(qtype), dev.index if dev.index is not None else torch.cuda.current_device())
+
+
+def step_blocks(qtype: int, nt: int, rt: int = 1) -> int:
+    """Blocks per work item of tf_mma<M, nt, rt> (mirrors tf_mma_u in gemv_mma.cuh)."""
+    u, qk = _fmt_const(qtype, "U"), _fmt_const(qtype, "QK")
+    if qk == 32:
+        return u // rt
+    return u if (nt == 1 and rt == 1) else 1
+
+
+def geometry(qtype: int, n_in: int, n_out: int, sms: int, ctas_per_sm: int = 2,
+             nt: int = 1, rt: int = 1) -> tuple[int, bool]:
+    """(CTAs, split) of the stream-K launch (gemv_mma.cuh tf_mma): items = 16-row tiles x steps of
+    U blocks; one wave of at most sms * ctas_per_sm CTAs (launch bounds: 2 resident per SM) in which
+    every warp gets ceil(items / resident warps) or one item fewer, so no SM waits on a tail wave.
+    split: some warp's item range starts or ends inside a tile (y must be zeroed first and those
+    tiles are atomically added)."""
+    qk, u = _fmt_const(qtype, "QK"), step_blocks(qtype, nt, rt)
+    spt = (n_in // qk + u - 1) // u
+    items = ((n_out + 16 * rt - 1) // (16 * rt)) * spt
+    slots = sms * ctas_per_sm * WARPS
+    per = -(-items // slots)                       # items per warp
+    ctas = -(-(-(-items // per)) // WARPS)
+    nw = ctas * WARPS
+    bounds = items * np.arange(1, nw, dtype=np.int64) // nw
+    split = bool((bounds % spt != 0).any())
+    return ctas, split
+
+
+def _chunks(n: int) -> list[tuple[int, int]]:
+    return [(c, min(16, n - c)) for c in range(0, n, 16)]
+
+
+def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
+             config: dict | None = None) -> torch.Tensor:
+    """out[N, n_out] (fp32) = x . W^T, x given as a layout-0 QuantAct (quantize_act).
+    config: {"ctas_per_sm": n} sizes the stream-K grid for n resident CTAs per SM (default 2);
+    {"rt": 1|2} (or env TIGHTFIT_MMA_RT): 16-row tiles per warp at N <= 8 (default 2: each x
+    fragment and column scale serves 32 rows; N > 8 chunks always run 1)."""
+    qtype = int(qtype)
+    if not supported(qtype):
+        raise ValueError(f"MMA GEMV: GGML type {qtype} not supported")
+    if getattr(act, "layout", None) != 0:
+        raise ValueError(f"MMA GEMV needs layout-0 activations, got layout {getattr(act, 'layout', None)}")
+    n, k = int(act.n), int(act.k)
+    q, d, s16 = act.q, act.d, act.s16
+    dev = w_raw.device
+    gkey = (qtype, n, k, int(n_out), dev.index,
+            None if config is None else tuple(sorted(config.items())))
+    g = _geom.get(gkey)
+    if g is None:
+        tr = traits(qtype)
+        if dev.type != "cuda":
+            raise ValueError("MMA GEMV: weights are not on a CUDA device")
+        if k % tr.block_size or k % 32:
+            raise ValueError(f"MMA GEMV: n_in={k} not a multiple of the block size {tr.block_size}")
+        if n < 1:
+            raise ValueError("MMA GEMV: no activation columns")
+        if n_out < 1:
+            raise ValueError("MMA GEMV: no output rows")
+        rb = k // tr.block_size * tr.type_size
+        cps = int((config or {}).get("ctas_per_sm", 0)) or int(
+            os.environ.get("TIGHTFIT_MMA_CPS", "2"))
+        if not 1 <= cps <= 8:
+            raise ValueError(f"MMA GEMV: ctas_per_sm {cps} not in 1..8")
+        rt = int((config or {}).get("rt", 0)) or int(os.environ.get("TIGHTFIT_MMA_RT", DEFAULT_RT))
+        if rt not in RTS:
+            raise ValueError(f"MMA GEMV: rt {rt} not in {RTS}")
+        mods = _module(qtype, dev.index)
+        launches = []
+        for c0, nc in _chunks(n):
+            nt = 1 if nc <= 8 else 2
+            r = rt if (nt, rt) in KERNELS else 1
+            ctas, split = geometry(qtype, k, int(n_out), _sms(dev.index), cps, nt, r)
+            launches.append((mods[(nt, r)], c0, nc, (ctas, 1, 1), split))
+        g = (rb, any(sp for *_, sp in launches), launches)
+        _geom[gkey] = g
+    rb, zero, launches = g
+    if w_raw.dtype != torch.uint8 or w_raw.numel() != n_out * rb or not w_raw.is_contiguous():
+        raise ValueError(f"MMA GEMV: weights must be contiguous uint8 with {n_out * rb} bytes, "
+                         f"got {w_raw.dtype} {tuple(w_raw.shape)}")
+    if (q.dtype != torch.int8 or q.shape != (n, k) or not q.is_contiguous()
+            or d.dtype != torch.float32 or d.numel() != n * (k // 32) or not d.is_contiguous()
+            or s16.dtype != torch.int32 or s16.numel() != n * (k // 16) or not s16.is_contiguous()):
+        raise ValueError("MMA GEMV: activation buffers do not match QuantAct layout 0 [N, K]")
+    if (out.dtype != torch.float32 or out.numel() != n * n_out or not out.is_contiguous()
+            or out.device != dev or q.device != dev):
+        raise ValueError(f"MMA GEMV: out must be contiguous fp32 [{n}, {n_out}] on {dev}")
+    if q.data_ptr() % 16 or w_raw.data_ptr() % 16:
+        raise ValueError("MMA GEMV: activation q and weights must be 16-byte aligned")
+    stream = _rt.stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
+    pw, pq, pd, ps, py = (w_raw.data_ptr(), q.data_ptr(), d.data_ptr(), s16.data_ptr(),
+                          out.data_ptr())
+    K, N_OUT = np.int32(k), np.int32(n_out)
+    if zero:        # partial tiles are atomically added (no allocation: a memset on the stream)
+        out.zero_()
+    with stream:
+        for fn, c0, nc, grid, split in launches:
+            fn(grid, (THREADS, 1, 1),
+               (np.uint64(pw), np.uint64(pq + c0 * k), np.uint64(pd + c0 * (k // 32) * 4),
+                np.uint64(ps + c0 * (k // 16) * 4), np.uint64(py + c0 * n_out * 4), N_OUT, K,
+                np.int32(nc), np.int32(split)))
+    return out
+
+
+# ---------------------------------------------------------------- host harness (g++, no GPU)
+_HOST_DRIVER = r"""
+// ---- host driver (gemv_mma.py)
+template <class M>
+static int tf_mma_host_frag1(const uint8_t* blk, const int8_t* xb, int t, int j, uint32_t* a,
+                             uint32_t* b, float* s) {
+  typename M::Raw r;
+  M::load(blk, t, r);
+  uint32_t aa[M::KS / 16], bb[M::KS / 16];
+  M::afrag(r, t, j, aa);
+  M::xfrag(xb, t, j, bb);
+  for (int i = 0; i < M::KS / 16; ++i) { a[i] = aa[i]; b[i] = bb[i]; }
+  M::scale(r, j, s[0], s[1]);
+  return 0;
+}
+extern "C" int tf_mma_host_frag(int qtype, const uint8_t* blk, const int8_t* xb, int t, int j,
+                                uint32_t* a, uint32_t* b, float* s) {
+  switch (qtype) {
+#define TF_CASE(M, T) case T: return tf_mma_host_frag1<M>(blk, xb, t, j, a, b, s);
+    TF_MMA_FORMATS(TF_CASE)
+#undef TF_CASE
+  }
+  return -1;
+}
+extern "C" int tf_mma_host_info(int qtype, int* out) {  // QK, BB, KS, NG, U, MINS, U1, U2
+  switch (qtype) {
+#define TF_CASE(M, T) case T: out[0] = M::QK; out[1] = M::BB; out[2] = M::KS; out[3] = M::NG; \
+    out[4] = M::U; out[5] = M::MINS; out[6] = tf_mma_u<M, 1>::U; out[7] = tf_mma_u<M, 2>::U; \
+    out[8] = tf_mma_u<M, 1, 2>::U; out[9] = tf_mma_u<M, 2, 2>::U; return 0;
+    TF_MMA_FORMATS(TF_CASE)
+#undef TF_CASE
+  }
+  return -1;
+}
+"""
+_host_lock = threading.Lock()
+_host_lib: dict[str, ctypes.CDLL] = {}
+
+
+def _host() -> ctypes.CDLL:
+    from tightfit.kernels.cuda_host import compile_host
+    src = source() + _HOST_DRIVER
+    key = source_hash(src)
+    with _host_lock:
+        lib = _host_lib.get(key)
+        if lib is None:
+            lib = ctypes.CDLL(str(compile_host(src)))
+            P = ctypes.c_void_p
+            lib.tf_mma_host_frag.argtypes = [ctypes.c_int, P, P, ctypes.c_int, ctypes.c_int, P, P, P]
+            lib.tf_mma_host_frag.restype = ctypes.c_int
+            lib.tf_mma_host_info.argtypes = [ctypes.c_int, P]
+            lib.tf_mma_host_info.restype = ctypes.c_int
+            _host_lib[key] = lib
+    return lib
+
+
+def host_info(qtype: int) -> dict:
+    out = np.zeros(10, np.int32)
+    if _host().tf_mma_host_info(int(qtype), out.ctypes.data):
+        raise ValueError(f"MMA GEMV: no format for GGML type {qtype}")
+    return dict(zip(("QK", "BB", "KS", "NG", "U", "MINS", "U1", "U2", "U1R2", "U2R2"),
+                    (int(v) for v in out)))
+
+
+def host_frag(qtype: int, blk: np.ndarray, xb: np.ndarray, t: int, j: int
+              ) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """One lane's view of group j of one block, computed by the header's own code on the CPU:
+    (a bytes int8 [KS/4] = afrag's words, slot 4t.. then 16+4t.., b bytes int8 [KS/4] = xfrag's
+    words on the column's x `xb` (int8 [QK]), ws, wm)."""
+    info = host_info(qtype)
+    blk = np.ascontiguousarray(blk, dtype=np.uint8)
+    # the device guarantees 16-byte aligned blocks where BB allows (TF_BLK_ALIGN); numpy's
+    # buffers are at least 16-aligned, so copy into a fresh one
+    buf = np.zeros(info["BB"] + 16, np.uint8)
+    buf[:info["BB"]] = blk
+    xbuf = np.ascontiguousarray(xb, dtype=np.int8)
+    kw = info["KS"] // 16
+    a = np.zeros(kw, np.uint32)
+    b = np.zeros(kw, np.uint32)
+    s = np.zeros(2, np.float32)
+    rc = _host().tf_mma_host_frag(int(qtype), buf.ctypes.data, xbuf.ctypes.data, int(t), int(j),
+                                  a.ctypes.data, b.ctypes.data, s.ctypes.data)
+    if rc:
+        raise ValueError(f"host_frag failed (rc={rc})")
+    return a.view(np.int8), b.view(np.int8), float(s[0]), float(s[1])
+
+
+# ---------------------------------------------------------------- offline compile report (nvcc)
+def compile_report(arch: str = "sm_90", nvcc: str | None = None) -> list[dict]:
+    """nvcc -cubin -Xptxas -v of every tf_mma<M, NT>: format, type, NT, registers, spill stores /
+    loads (bytes), static shared memory (bytes)."""
+    nvcc = nvcc or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    src = source() + "\n"
+    for t, name in sorted(_formats().items()):
+        for v in KERNELS.values():
+            src += (f"template __global__ void {v.format(m=name)}(const uint8_t*, "
+                    "const int8_t*, const float*, const int*, float*, int, int, int, int);\n")
+    with tempfile.TemporaryDirectory() as td:
+        cu = os.path.join(td, "tf_mma.cu")
+        Path(cu).write_text(src)
+        r = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v", cu,
+                            "-o", os.path.join(td, "tf_mma.cubin")], capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"nvcc failed:\n{r.stderr[-6000:]}")
+    types = {n: t for t, n in _formats().items()}
+    pat = re.compile(r"Compiling entry function '_Z\d+tf_mma(?:_rt)?I(\d*)(M_\w+?)Li(\d+)E(?:Li(\d+)E)?\w*'.*?"
+                     r"(\d+) bytes spill stores, (\d+) bytes spill loads.*?Used (\d+) registers"
+                     r"(?:.*?(\d+) bytes smem)?", re.S)
+    out = []
+    for m in pat.finditer(r.stderr + r.stdout):
+        out.append({"format": m.group(2), "type": types.get(m.group(2), -1), "nt": int(m.group(3)),
+                    "rt": int(m.group(4) or 1), "regs": int(m.group(7)), "spill_stores": int(m.group(5)),
+                    "spill_loads": int(m.group(6)), "smem": int(m.group(8) or 0)})
+    out.sort(key=lambda d: (d["type"], d["rt"], d["nt"]))
+    return out
+
+
+__all__ = ["available", "supported", "gemv_mma", "prepare", "geometry", "kernel_names",
+           "host_frag", "host_info", "compile_report", "source", "NTS", "RTS", "KERNELS", "step_blocks"]
