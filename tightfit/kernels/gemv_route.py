@@ -155,6 +155,29 @@ def split_bound(n: int = 1) -> int:
     return 1056 * 64 * n
 
 
+# Smallest column count at which the tensor-core kernel (gemv_mma) beat the CUDA GEMV, from the
+# H200 runs of session 5 (bench/RESULTS.md, "tensor-core skinny GEMM"): its time is nearly flat in
+# N (t(8)/t(1) 1.03-1.2) while gemv_cuda's grows 1.5x at N = 2 and 2.5-3.2x at N = 8. Q4_K / Q5_K
+# tie at N = 2, IQ4_XS at N = 3; Q6_K measured a win at N = 8 (loss at 4); Q8_0 ties at 8 and wins at
+# 16 (above 8 gemv_cuda launches twice). Opt-in (TIGHTFIT_GEMV_MMA=1) until the verify block and
+# the end-to-end step are measured with it.
+MMA_MIN_N = {12: 3, 13: 3, 23: 4, 14: 8, 8: 9}
+
+
+def _mma_on() -> bool:
+    return os.environ.get("TIGHTFIT_GEMV_MMA", "0") == "1"
+
+
+def mma_routed(qtype: int, n: int, w: torch.Tensor) -> bool:
+    """Whether an N-column product of `qtype` weights runs on gemv_mma: switch on, a measured
+    crossover reached, weights 16-byte aligned on a CUDA device with cupy."""
+    m = MMA_MIN_N.get(int(qtype))
+    if not _mma_on() or m is None or n < m or not w.is_cuda or w.data_ptr() % 16:
+        return False
+    from tightfit.kernels import gemv_mma
+    return gemv_mma.available() and gemv_mma.supported(int(qtype))
+
+
 def gemv_act(act, w: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
              workspace: torch.Tensor | None = None) -> torch.Tensor:
     """y = x . W^T from prepared activations, on the kernel the layout names."""
@@ -162,6 +185,9 @@ def gemv_act(act, w: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
         return gemv2_prepared(act, w, int(qtype), n_out, planar=False, out=out,
                               config={"PATH": "dp4a"}, workspace=workspace)
     if act.layout == 0 and w.is_cuda and cuda_routed(qtype):
+        if mma_routed(qtype, int(act.n), w):
+            from tightfit.kernels.gemv_mma import gemv_mma
+            return gemv_mma(act, w, int(qtype), n_out, out)
         from tightfit.kernels.gemv_cuda import gemv_cuda
         return gemv_cuda(act, w, int(qtype), n_out, out)
     return gm.gemv_quantized(act, w, qtype, n_out, out=out)
@@ -175,9 +201,12 @@ def gemv_cuda_direct(x: torch.Tensor, w: torch.Tensor, qtype: int, n_out: int):
     from tightfit.kernels.gemv_cuda import gemv_cuda
     qa = quantize_act(x.to(torch.float32).contiguous(), 0)
     out = torch.empty((x.shape[0], int(n_out)), dtype=torch.float32, device=x.device)
+    if mma_routed(qtype, int(x.shape[0]), w):
+        from tightfit.kernels.gemv_mma import gemv_mma
+        return gemv_mma(qa, w, int(qtype), int(n_out), out)
     return gemv_cuda(qa, w, int(qtype), int(n_out), out)
 
 
-__all__ = ["SMALL_TYPES", "CUDA_LAYOUT", "cuda_routed", "is_cuda", "gemv_cuda_direct",
+__all__ = ["SMALL_TYPES", "CUDA_LAYOUT", "cuda_routed", "mma_routed", "MMA_MIN_N", "is_cuda", "gemv_cuda_direct",
            "act_layout", "is_small", "act_buffers", "make_act", "new_act",
            "quantize_into", "split_floats", "split_bound", "gemv_act"]

@@ -1,0 +1,50 @@
+"""Routing of N-column products to the tensor-core kernel (gemv_route.mma_routed): opt-in, only
+past the measured crossover, only for formats the kernel implements, never for CPU tensors."""
+from __future__ import annotations
+
+import torch
+
+from tightfit.kernels import gemv_mma
+from tightfit.kernels import gemv_route as R
+from tightfit.quant.traits import traits
+
+
+def test_crossover_table_covers_only_implemented_formats():
+    # GGML ids: Q8_0 8, Q4_K 12, Q5_K 13, Q6_K 14, IQ4_XS 23 (gguf's GGMLQuantizationType)
+    import gguf
+    names = {gguf.GGMLQuantizationType(t).name for t in R.MMA_MIN_N}
+    assert names == {"Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}
+    for t, n in R.MMA_MIN_N.items():
+        assert gemv_mma.supported(t), t
+        assert 2 <= n <= 16
+        assert traits(t).block_size in (32, 256)
+
+
+def test_off_by_default_and_never_on_cpu(monkeypatch):
+    w = torch.zeros(1024, dtype=torch.uint8)
+    monkeypatch.delenv("TIGHTFIT_GEMV_MMA", raising=False)
+    assert not R.mma_routed(12, 8, w)
+    monkeypatch.setenv("TIGHTFIT_GEMV_MMA", "1")
+    assert not R.mma_routed(12, 8, w)            # CPU tensor
+    assert not R.mma_routed(2, 16, w)            # Q4_0: no tensor-core decoder
+
+
+def test_below_crossover_not_routed(monkeypatch):
+    monkeypatch.setenv("TIGHTFIT_GEMV_MMA", "1")
+
+    class FakeCuda:                              # what mma_routed reads of a tensor
+        is_cuda = True
+
+        @staticmethod
+        def data_ptr():
+            return 4096
+    monkeypatch.setattr(gemv_mma, "available", lambda: True)
+    for t, n in R.MMA_MIN_N.items():
+        assert not R.mma_routed(t, n - 1, FakeCuda)
+        assert R.mma_routed(t, n, FakeCuda)
+
+    class Misaligned(FakeCuda):
+        @staticmethod
+        def data_ptr():
+            return 4104
+    assert not R.mma_routed(12, 8, Misaligned)
