@@ -8,9 +8,11 @@ this path when `usable(...)` holds (cupy importable, CUDA tensors, sm_80+, head_
 at most 8 query heads per KV head, row bytes a multiple of 4); else the Triton kernel runs.
 TIGHTFIT_ATTNQ=triton forces the Triton kernel, =cuda makes a failure to use CUDA an error.
 
-Launch: on torch's current stream (cupy.cuda.ExternalStream), pointers as numpy.uint64, no
+Launch: on torch's current stream (cuda_runtime.launch), pointers as numpy.uint64, no
 allocation, so it can be captured in a CUDA graph (compile + module load happen on the first,
-uncaptured call of each configuration).
+uncaptured call of each configuration). With PDL on (tightfit/kernels/pdl.py: TIGHTFIT_PDL=1,
+sm_90) the kernel is built with TF_PDL (griddepcontrol.wait before its first read) and launched
+with the programmatic-serialization attribute.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import functools
 import os
 
 from tightfit.kernels import cuda_runtime as _rt
+from tightfit.kernels import pdl as _pdl
 
 CUDA_DIR = os.path.join(os.path.dirname(__file__), "cuda")
 NW = 4                       # default warps per CTA (8 when the grid is too small: choose())
@@ -140,12 +143,12 @@ def available() -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _kernel(kb: int, kg: int, vb: int, vg: int, D: int, arch: str, aligned16: bool, nw: int,
-            nst_env: str | None):
+            nst_env: str | None, pdl: bool = False):
     cp = _cupy()
     with open(os.path.join(CUDA_DIR, "attn_q.cuh")) as f:
         src = f.read()
     defs = defines(kb, kg, vb, vg, D, aligned16, nw, smem_sm_for(arch))
-    opts = tuple(f"-D{k}={v}" for k, v in defs.items()) + (
+    opts = tuple(f"-D{k}={v}" for k, v in defs.items()) + (("-DTF_PDL=1",) if pdl else ()) + (
         "--std=c++17", f"--gpu-architecture={arch}")
     mod = cp.RawModule(code=src, options=opts, backend="nvrtc")
     k = mod.get_function("attn_q_kernel")
@@ -200,20 +203,21 @@ def attn(q_rot, kcache, vcache, kcb, vcb, o, m, l, acc, status, kf, vf, grp: int
     n_sm = _n_sm(q_rot.device)
     arch = _arch(q_rot.device)
     nw = choose(kf.bits, kf.group, vf.bits, vf.group, D, n_launch * Hkv, n_sm, smem_sm_for(arch))
+    on = _pdl.enabled(q_rot.device)
     k, sm, defs = _kernel(kf.bits, kf.group, vf.bits, vf.group, D, arch, a16, nw,
-                          os.environ.get(ENV_NST))
+                          os.environ.get(ENV_NST), on)
     last_config.clear()
     last_config.update(defs, n_launch=n_launch, grid=n_launch * Hkv, smem=sm,
-                       regs=_regs(k), sms=n_sm)
+                       regs=_regs(k), sms=n_sm, pdl=on)
     p = lambda t: np.uint64(t.data_ptr())  # noqa: E731
     dev = q_rot.device.index or 0
-    stream = _rt.stream(torch.cuda.current_stream(q_rot.device).cuda_stream, dev)
-    with cp.cuda.Device(q_rot.device.index or 0), stream:
-        k((n_launch, Hkv, 1), (nw * 32, 1, 1),
-          (p(q_rot), p(kcache), p(vcache), p(kcb), p(vcb), p(o), p(m), p(l), p(acc), p(status),
-           np.int32(Hkv), np.int32(grp), np.int32(nch), np.int32(chunk), np.int32(minr),
-           np.float32(qk_scale), np.int32(1 if split else 0)),
-          shared_mem=sm)
+    sptr = torch.cuda.current_stream(q_rot.device).cuda_stream
+    with cp.cuda.Device(dev):
+        _rt.launch(k, (n_launch, Hkv, 1), (nw * 32, 1, 1),
+                   (p(q_rot), p(kcache), p(vcache), p(kcb), p(vcb), p(o), p(m), p(l), p(acc),
+                    p(status), np.int32(Hkv), np.int32(grp), np.int32(nch), np.int32(chunk),
+                    np.int32(minr), np.float32(qk_scale), np.int32(1 if split else 0)),
+                   shared_mem=sm, stream_ptr=sptr, device=dev, pdl=on)
 
 
 @functools.lru_cache(maxsize=8)

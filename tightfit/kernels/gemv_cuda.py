@@ -9,6 +9,12 @@ Launch path: one module per (device, qtype) compiled at first use (cupy caches t
 per-shape launch geometry cached, the kernel launched on torch's current stream with raw pointers,
 so a call allocates nothing and never synchronizes (safe inside torch.cuda.graph capture once the
 module is compiled, i.e. after one warm-up call per type; `prepare()` does that explicitly).
+With PDL on (tightfit/kernels/pdl.py, TIGHTFIT_PDL=1, sm_90) the modules are built with TF_PDL
+(gemv_kernel.cuh: L2 prefetch of the first weights, griddepcontrol.wait before any activation
+read) and launched with the programmatic-serialization attribute (cuda_runtime.launch);
+TIGHTFIT_PDL_PF=n sets the L2 prefetch depth in loop steps (default 1, 0 = none) of every kernel
+but tf_gemv3, TIGHTFIT_PDL_PF_V3=n the one of tf_gemv3 in chunks (default 0: its prefetch moves
+ptxas' register allocation, see gemv_kernel.cuh).
 
 N > 8 columns: N = 16 runs the NC = 16 instantiation (weights read once); N in 9..15 runs an
 8-column launch and an (N-8)-column one (weights read twice).
@@ -27,6 +33,7 @@ import numpy as np
 import torch
 
 from tightfit.kernels import cuda_runtime as _rt
+from tightfit.kernels import pdl as _pdl
 from tightfit.kernels.cuda_source import format_list, formats_source, source_hash
 from tightfit.quant.traits import traits
 
@@ -34,7 +41,7 @@ NCS = (1, 2, 3, 4, 5, 6, 7, 8, 16)
 THREADS = 256          # gemv_kernel.cuh TF_THREADS
 WARPS = THREADS // 32
 _lock = threading.Lock()
-_modules: dict[tuple[int, int, str], dict[int, object]] = {}
+_modules: dict[tuple, dict[int, object]] = {}
 _geom: dict[tuple, tuple] = {}
 
 
@@ -97,14 +104,33 @@ def module_kerns(kern: str) -> tuple[str, ...]:
     return {"auto": ("v4", "v3"), "v5": ("v5", "v3"), "v5s": ("v5s", "v3")}.get(kern, (kern,))
 
 
-def _prefix(kern: str) -> str:
+PDL_PF_DEFAULT, PDL_PF_V3_DEFAULT = 1, 0
+
+
+def pdl_pf() -> tuple[int, int]:
+    """L2 prefetch depths of a PDL build before griddepcontrol.wait: (loop steps of the v1 / v2 /
+    v4 / v5 kernels: TIGHTFIT_PDL_PF, chunks of tf_gemv3: TIGHTFIT_PDL_PF_V3); 0 = wait only."""
+    return (max(0, int(os.environ.get("TIGHTFIT_PDL_PF", PDL_PF_DEFAULT))),
+            max(0, int(os.environ.get("TIGHTFIT_PDL_PF_V3", PDL_PF_V3_DEFAULT))))
+
+
+def pdl_state(device_index: int) -> tuple[int, int] | None:
+    """None: launch without PDL (the unchanged build); else the prefetch depths of the PDL build."""
+    return pdl_pf() if _pdl.enabled(device_index) else None
+
+
+def _prefix(kern: str, pf: tuple[int, int] | None = None) -> str:
     """Defines prepended to the source: v3 -> TF_CSE_FRIENDLY (tf_dp4a /
-    tf_h2f without volatile asm, so NVVM can merge the identical x loads of a warp's rows)."""
-    return {"v3": "#define TF_CSE_FRIENDLY 1\n"}.get(kern, "")
+    tf_h2f without volatile asm, so NVVM can merge the identical x loads of a warp's rows);
+    pf not None -> TF_PDL + TF_PDL_PF + TF_PDL_PF_V3 (gemv_common.cuh)."""
+    pre = {"v3": "#define TF_CSE_FRIENDLY 1\n"}.get(kern, "")
+    if pf is not None:
+        pre += f"#define TF_PDL 1\n#define TF_PDL_PF {int(pf[0])}\n#define TF_PDL_PF_V3 {int(pf[1])}\n"
+    return pre
 
 
-def _source(kern: str) -> str:
-    return _prefix(kern) + formats_source(True)
+def _source(kern: str, pf: tuple[int, int] | None = None) -> str:
+    return _prefix(kern, pf) + formats_source(True)
 
 
 def _mode() -> str:
@@ -225,10 +251,11 @@ def kernel_names(qtype: int, kern: str | None = None) -> list[str]:
     return [f"{_kname(kern, nc, name)}<{name}, {nc}>" for nc in NCS]
 
 
-def _module(qtype: int, device: int, kern: str | None = None) -> dict[int, object]:
-    """Functions per NC of one concrete variant's module."""
+def _module(qtype: int, device: int, kern: str | None = None,
+            pf: tuple[int, int] | None = None) -> dict[int, object]:
+    """Functions per NC of one concrete variant's module (pf: pdl_state, None = no PDL)."""
     kern = kern or _kern()
-    key = (device, int(qtype), kern)
+    key = (device, int(qtype), kern, pf)
     mods = _modules.get(key)
     if mods is not None:
         return mods
@@ -238,7 +265,7 @@ def _module(qtype: int, device: int, kern: str | None = None) -> dict[int, objec
             cp = _cupy()
             names = kernel_names(qtype, kern)
             with cp.cuda.Device(device):
-                mod = cp.RawModule(code=_source(kern), options=("-std=c++17",),
+                mod = cp.RawModule(code=_source(kern, pf), options=("-std=c++17",),
                                    name_expressions=names)
                 mods = {nc: mod.get_function(n) for nc, n in zip(NCS, names)}
             _modules[key] = mods
@@ -248,8 +275,9 @@ def _module(qtype: int, device: int, kern: str | None = None) -> dict[int, objec
 def prepare(qtype: int, device=None, config: dict | None = None) -> None:
     """Compile (or load from cupy's cache) the module of `qtype` now, outside any graph capture."""
     dev = torch.device(device) if device is not None else torch.device("cuda")
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
     for k in module_kerns(_kern(config)):
-        _module(int(qtype), dev.index if dev.index is not None else torch.cuda.current_device(), k)
+        _module(int(qtype), idx, k, pdl_state(idx))
 
 
 def _stream(ptr: int, device: int):
@@ -274,7 +302,8 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
     q, d, s16 = act.q, act.d, act.s16
     dev = w_raw.device
     kern = _kern(config)
-    gkey = (qtype, n, k, int(n_out), dev.index, kern,
+    pf = pdl_state(dev.index) if dev.type == "cuda" else None
+    gkey = (qtype, n, k, int(n_out), dev.index, kern, pf,
             None if config is None else tuple(sorted(config.items())))
     g = _geom.get(gkey)
     if g is None:
@@ -292,7 +321,7 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
         launches = []
         for c0, nc in _chunks(n):
             ck = concrete(kern, nc, int(n_out))
-            mods = _module(qtype, dev.index, ck)
+            mods = _module(qtype, dev.index, ck, pf)
             if _v3(ck, nc):
                 kc, rpw = v3_geom(nc)
                 w3 = int((config or {}).get("wpr", 0)) or pick_wpr_v3(k, n_out, nc)
@@ -323,26 +352,32 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
     if (kern in V5_KERNS or _formats()[qtype] in V4_V5_FORMATS) and (d.data_ptr() % 8
                                                                       or s16.data_ptr() % 8):
         raise ValueError(f"CUDA GEMV {kern}: activation d / s16 must be 8-byte aligned")
-    stream = _stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
+    sptr = torch.cuda.current_stream(dev).cuda_stream
     pw, pq, pd, ps, py = (w_raw.data_ptr(), q.data_ptr(), d.data_ptr(), s16.data_ptr(),
                           out.data_ptr())
     K, N_OUT = np.int32(k), np.int32(n_out)
-    with stream:
-        for fn, c0, _nc, grid, wlog in launches:
-            fn(grid, (THREADS, 1, 1),
-               (np.uint64(pw), np.uint64(pq + c0 * k), np.uint64(pd + c0 * (k // 32) * 4),
-                np.uint64(ps + c0 * (k // 16) * 4), np.uint64(py + c0 * n_out * 4), N_OUT, K,
-                np.int32(wlog)))
+    for fn, c0, _nc, grid, wlog in launches:
+        _rt.launch(fn, grid, (THREADS, 1, 1),
+                   (np.uint64(pw), np.uint64(pq + c0 * k), np.uint64(pd + c0 * (k // 32) * 4),
+                    np.uint64(ps + c0 * (k // 16) * 4), np.uint64(py + c0 * n_out * 4), N_OUT, K,
+                    np.int32(wlog)),
+                   stream_ptr=sptr, device=dev.index, pdl=pf is not None)
     return out
 
 
 # ---------------------------------------------------------------- offline compile report (nvcc)
-def report_source(lowbit: bool | None = None, kern: str | None = None
+def _report_pf(pdl: bool | None) -> tuple[int, int] | None:
+    """Offline builds: pdl None follows TIGHTFIT_PDL alone (no device to ask)."""
+    on = _pdl._env_on() if pdl is None else pdl
+    return pdl_pf() if on else None
+
+
+def report_source(lowbit: bool | None = None, kern: str | None = None, pdl: bool | None = None
                   ) -> tuple[str, list[tuple[str, int, int]]]:
     kern = kern or _kern()
     if kern == "auto":
         raise ValueError("compile_report needs a concrete variant: v2, v2h, v3, v4, v5 or v5s")
-    src = _prefix(kern) + formats_source(True, lowbit=lowbit)
+    src = _prefix(kern, _report_pf(pdl)) + formats_source(True, lowbit=lowbit)
     inst, rows = [], []
     for name, t in format_list(src):
         for nc in NCS:
@@ -353,11 +388,13 @@ def report_source(lowbit: bool | None = None, kern: str | None = None
 
 
 def compile_report(arch: str = "sm_90", nvcc: str | None = None,
-                   lowbit: bool | None = None, kern: str | None = None) -> list[dict]:
+                   lowbit: bool | None = None, kern: str | None = None,
+                   pdl: bool | None = None) -> list[dict]:
     """Compile the kernel source with nvcc -cubin -Xptxas -v; per instantiation: format, type,
-    NC, registers, spill stores/loads (bytes), static shared memory (bytes)."""
+    NC, registers, spill stores/loads (bytes), static shared memory (bytes). pdl: the PDL build
+    (None: as TIGHTFIT_PDL says)."""
     nvcc = nvcc or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    src, _ = report_source(lowbit, kern)
+    src, _ = report_source(lowbit, kern, pdl)
     with tempfile.TemporaryDirectory() as td:
         cu = os.path.join(td, "tf_gemv.cu")
         with open(cu, "w") as f:

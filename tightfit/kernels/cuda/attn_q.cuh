@@ -99,9 +99,24 @@ TF_DEV void ld128(const u8* p, u32* d) {
 }
 template <int N> TF_DEV void cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
 #define TF_SMEM_DECL extern __shared__ __align__(16) u8 tf_smem[];
+// PDL (tightfit/kernels/pdl.py): built in only with TF_PDL (attn_decode_q_cuda defines it exactly
+// when it launches with the PDL attribute) and on sm_90+; the memory clobber keeps every access
+// of the kernel below the wait.
+TF_DEV void gdc_wait() {
+#if defined(TF_PDL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+TF_DEV void gdc_launch_dependents() {
+#if defined(TF_PDL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 #else
 // ------------------------------------------------------------------ host (g++) SIMT emulator
 #include "attn_q_host_emu.h"
+TF_DEV void gdc_wait() {}                 // one CTA at a time, in stream order
+TF_DEV void gdc_launch_dependents() {}
 #endif
 
 #ifndef CPB
@@ -214,6 +229,9 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
     constexpr int VPT = HD / 8;                 // V dims per thread row group
     const int tid = tf_tid(), lane = tid & 31, w = tid >> 5, g = lane >> 2, c = lane & 3;
     const int chunk = tf_bx(), kvh = tf_by();
+    // PDL: status, q and the cache rows come from the kernels before this one (the codebooks
+    // too, conservatively): nothing is read before the wait, which every thread executes.
+    gdc_wait();
     const int T = status[2] + 1;
     int start = 0, end = T;
     if (split) {
@@ -443,6 +461,7 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
             }
         }
     }
+    gdc_launch_dependents();                        // main loop done: only the merge is left
     cp_wait<0>();
     syncthreads();                                  // every warp done with the ring
     // ---- merge the warps of the CTA through shared memory

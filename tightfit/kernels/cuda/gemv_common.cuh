@@ -268,3 +268,50 @@ TF_DEV void tf_ld_x8(const int8_t* p, uint32_t (&w)[2]) {
 // fp32 / int32 activation side loads
 TF_DEV float tf_ldf(const float* p) { return *p; }
 TF_DEV int tf_ldi(const int* p) { return *p; }
+
+// ---------------------------------------------------------------- PDL (tightfit/kernels/pdl.py)
+// Compiled in only when the launcher defines TF_PDL (gemv_cuda / attn_decode_q_cuda do so exactly
+// when they launch with the PDL attribute), so a build without it is the unchanged kernel; no-ops
+// on the host build and below sm_90 (griddepcontrol is sm_90 PTX).
+#if TF_DEVICE && defined(TF_PDL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define TF_GDC 1
+#else
+#define TF_GDC 0
+#endif
+// L2 prefetch depth before the wait, in loop steps of the row (0: none), set by the launcher:
+// TF_PDL_PF for tf_gemv / tf_gemv2* / tf_gemv4 / tf_gemv5*, TF_PDL_PF_V3 (chunks) for tf_gemv3.
+#if !TF_GDC || !defined(TF_PDL_PF)
+#undef TF_PDL_PF
+#define TF_PDL_PF 0
+#endif
+#if !TF_GDC || !defined(TF_PDL_PF_V3)
+#undef TF_PDL_PF_V3
+#define TF_PDL_PF_V3 0
+#endif
+
+// Wait until the grid this one depends on has completed and its writes are visible. The memory
+// clobber keeps every load / store of the kernel below it.
+TF_DEV void tf_gdc_wait() {
+#if TF_GDC
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Let the next PDL grid be scheduled (a hint; it still waits for this grid's completion).
+TF_DEV void tf_gdc_launch_dependents() {
+#if TF_GDC
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// Pull [p, p + bytes) into L2 with one bulk (TMA) request: p 16-byte aligned, bytes a multiple
+// of 16, inside one allocation. Asynchronous, no register result, so one thread per row issues it
+// and the kernel's register allocation barely notices (per-line prefetch.L2 from every lane moved
+// the v3 kernels by up to 30 registers). Before the wait only for memory no kernel of the step
+// writes (weights).
+TF_DEV void tf_prefetch_l2_bulk(const void* p, uint32_t bytes) {
+#if TF_GDC
+  asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0; cp.async.bulk.prefetch.L2.global [g], %1; }"
+               ::"l"(p), "r"(bytes));
+#else
+  (void)p; (void)bytes;
+#endif
+}

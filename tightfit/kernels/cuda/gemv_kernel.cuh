@@ -19,6 +19,27 @@
 template <class F, int NC>
 struct tf_unroll { static constexpr int U = (F::QK == 32 && NC <= 2) ? TF_UNROLL32 : 2; };
 
+// PDL (tightfit/kernels/pdl.py; TF_PDL / TF_PDL_PF from the launcher, gemv_common.cuh): every
+// kernel below does only index math and tf_pf before tf_gdc_wait(), which every thread executes
+// (rows >= n_out too), and signals tf_gdc_launch_dependents() after its main loop. The weights
+// (which no kernel of the step writes) are read from the row start in steps: the row's warps
+// together cover U*32/PARTS (v1 / v2 / v5) or U*G (v4) blocks times WPR per loop step, v3 one
+// chunk (KC/QK blocks, whatever WPR). The row's first thread asks L2 for the row's first SB <<
+// span_log2 blocks (SB = steps x blocks per step at WPR = 1) in one bulk prefetch (the 16-byte
+// aligned part: the row may start mid-line; bytes missed are read as before). Without TF_PDL the
+// call sites compile to nothing. Only the N = 1 kernels prefetch (tf_gemv5s excepted), the decode
+// step's latency-bound case: elsewhere the extra code moved ptxas' allocation into spills (tf_gemv
+// TQ1_0 / TQ2_0 at NC = 3, 4; tf_gemv5s Q5_K under its 64-register cap; tf_gemv3, below).
+template <class F, int SB>
+TF_DEV void tf_pf(const uint8_t* wr, unsigned nb, int wpr_log2, int span_log2) {
+  constexpr uint64_t SPAN = (uint64_t)SB * F::BB;                 // bytes at span_log2 = 0
+  if (threadIdx.x & ((32u << wpr_log2) - 1u)) return;            // thread 0 of the row's group
+  const uint64_t span = SPAN << span_log2, rowb = (uint64_t)nb * F::BB;
+  const uint64_t a = ((uint64_t)wr + 15) & ~(uint64_t)15;
+  const uint64_t e = ((uint64_t)wr + (span < rowb ? span : rowb)) & ~(uint64_t)15;
+  if (e > a) tf_prefetch_l2_bulk((const void*)a, (uint32_t)(e - a));
+}
+
 // Launch bounds give only the CTA size: with a min-CTAs argument (even 1) ptxas hoists every
 // column's x loads and uses up to 255 registers; a cap of 64 at NC >= 4 spills on the K-quants.
 
@@ -37,6 +58,9 @@ tf_gemv(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const floa
   float acc[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) acc[c] = 0.f;
+  if (TF_PDL_PF > 0 && NC == 1 && row < n_out)   // NC >= 2: see tf_pf
+    tf_pf<F, TF_PDL_PF * U * 32 / F::PARTS>(W + (uint64_t)row * nb * F::BB, nb, wpr_log2, wpr_log2);
+  tf_gdc_wait();
   if (row < n_out) {
     const uint8_t* __restrict__ wr = W + (uint64_t)row * nb * F::BB;
     const int stride = 32 << wpr_log2;
@@ -56,6 +80,7 @@ tf_gemv(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const floa
                           xs16 + b * (F::QK / 16), K, acc);
     }
   }
+  tf_gdc_launch_dependents();
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
 #pragma unroll
@@ -148,6 +173,9 @@ TF_DEV void tf_gemv2_body(const uint8_t* __restrict__ W, const int8_t* __restric
   float acc[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) acc[c] = 0.f;
+  if (TF_PDL_PF > 0 && NC == 1 && row < n_out)   // NC >= 2: see tf_pf
+    tf_pf<F, TF_PDL_PF * U * 32 / F::PARTS>(W + (uint64_t)row * nb * F::BB, nb, wpr_log2, wpr_log2);
+  tf_gdc_wait();
   if (row < n_out) {
     const uint8_t* __restrict__ wr = W + (uint64_t)row * nb * F::BB;
     const int p = lane % F::PARTS;
@@ -178,6 +206,7 @@ TF_DEV void tf_gemv2_body(const uint8_t* __restrict__ W, const int8_t* __restric
                           xs16 + b * (F::QK / 16), K, acc);
     }
   }
+  tf_gdc_launch_dependents();
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
 #pragma unroll
@@ -244,6 +273,9 @@ TF_DEV void tf_gemv5_body(const uint8_t* __restrict__ W, const int8_t* __restric
   float acc[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) acc[c] = 0.f;
+  if (TF_PDL_PF > 0 && U >= 4 && row < n_out)   // not tf_gemv5s: see tf_pf
+    tf_pf<F, TF_PDL_PF * U * 32 / F::PARTS>(W + (uint64_t)row * nb * F::BB, nb, WL, WL);
+  tf_gdc_wait();
   if (row < n_out) {
     const int p = lane % F::PARTS;
     unsigned b = ((unsigned)sub * 32u + (unsigned)lane) / F::PARTS;
@@ -269,6 +301,7 @@ TF_DEV void tf_gemv5_body(const uint8_t* __restrict__ W, const int8_t* __restric
       wp += BSTEP * F::BB; xp += BSTEP * F::QK; dp += BSTEP * (F::QK / 32); sp += BSTEP * (F::QK / 16);
     }
   }
+  tf_gdc_launch_dependents();
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
 #pragma unroll
@@ -357,6 +390,9 @@ tf_gemv4(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const flo
   float acc[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) acc[c] = 0.f;
+  if (TF_PDL_PF > 0 && row < n_out)
+    tf_pf<F, TF_PDL_PF * SPAN>(W + (uint64_t)row * nb * F::BB, nb, wpr_log2, wpr_log2);
+  tf_gdc_wait();
   if (row < n_out) {
     const uint8_t* __restrict__ wr = W + (uint64_t)row * nb * F::BB;
     const int p = lane % F::PARTS;
@@ -397,6 +433,7 @@ tf_gemv4(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const flo
       }
     }
   }
+  tf_gdc_launch_dependents();
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
 #pragma unroll
@@ -528,6 +565,19 @@ tf_gemv3(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const flo
 #pragma unroll
     for (int c = 0; c < NC; ++c) acc[r][c] = 0.f;
 
+  // The prefetch moves ptxas' allocation of these kernels by up to +30 registers / 16 B of spills
+  // (Q5_K, Q6_K), so v3 prefetches only when asked (TF_PDL_PF_V3, TIGHTFIT_PDL_PF_V3); the wait
+  // alone leaves them unchanged. Rows past n_out take the last row (no branch); pr is kept
+  // opaque so the main loop does not reuse (and keep live) the prefetch's address math.
+  if constexpr (TF_PDL_PF_V3 > 0) {
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const uint8_t* pr = W + (uint64_t)(row0 + r < n_out ? row0 + r : n_out - 1) * nb * F::BB;
+      asm("" : "+l"(pr));
+      tf_pf<F, KC / F::QK * TF_PDL_PF_V3>(pr, nb, wpr_log2, 0);
+    }
+  }
+  tf_gdc_wait();     // before the first x copy
   const int nchunks = (K + KC - 1) / KC;
   tf_v3_stage<NC, S16, KC>(xs[0], xq, xd, xs16, K, 0, K < KC ? K : KC);
   for (int j = 0; j < nchunks; ++j) {
@@ -595,6 +645,7 @@ tf_gemv3(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const flo
     }
     __syncthreads();     // buffer j & 1 is restaged in iteration j + 1
   }
+  tf_gdc_launch_dependents();
 
 #pragma unroll
   for (int r = 0; r < RPW; ++r)
