@@ -385,8 +385,148 @@ def scen_attn_q_extras():
             os.environ[AQ.EXTRAS_ENV] = env
 
 
+def scen_attn_q_tests():
+    """attn_decode_q at the shapes of tests/test_kvquant_kernel.py and the whole-call test of
+    tests/test_attn_decode_q_extras.py, as those tests launch it on the H200 (compiled kernels,
+    CUDA tensors, PDL off). backend=device: attn_decode_q_cuda as the device decides it (cupy,
+    sm_90: `shape_ok`, so D = 64 / 32 take the Triton attention kernel, D = 256 the CUDA one,
+    stubbed out here: merge with BT = C.TILE); backend=cuda: the CUDA kernel forced (stubbed)
+    at every shape; backend=triton: the Triton attention kernel at every shape."""
+    from tightfit.kernels import attn_decode_q as AQ
+    from tightfit.kernels import attn_decode_q_cuda as C
+    from tightfit.kvquant.formats import get_format, split_kv_type
+
+    def case(kv, h, hkv, d, t):
+        kn, vn = split_kv_type(kv)
+        kc = torch.zeros(t + 3, hkv, get_format(kn).row_bytes(d), dtype=torch.uint8)
+        vc = torch.zeros(t + 3, hkv, get_format(vn).row_bytes(d), dtype=torch.uint8)
+        st = torch.tensor([0, 0, t - 1], dtype=torch.int32)
+        return torch.zeros(h, d), kc, vc, torch.zeros(h, 2 * d), torch.zeros(h, d), st
+
+    from tightfit.kernels import attn_decode as A
+    from tightfit.kernels import kv_write_q as KW
+    for kv in ("q8_0", "tq3", "tq4_128+tq2", "q8_0+tq3"):     # the tests' qk_prep_q launches
+        kn, vn = split_kv_type(kv)
+        cos, sin = A.rope_tables(16, 32, 1e4)
+        for rq in (False, True):
+            _scn(f"attn_q tests kv_write_q {kv} rotate_q={rq}", KW.qk_prep_q,
+                 torch.zeros(4, 256), torch.zeros(256), torch.zeros(256), torch.zeros(128),
+                 torch.zeros(128), cos, sin,
+                 torch.zeros(8, 2, get_format(kn).row_bytes(128), dtype=torch.uint8),
+                 torch.zeros(8, 2, get_format(vn).row_bytes(128), dtype=torch.uint8),
+                 torch.zeros(4, 128), torch.zeros(4, dtype=torch.int32), 1e-6,
+                 KW.make_write_workspace(kv, 2, 128), rotate_q=rq)
+    real, xenv = (C.usable, C.attn), os.environ.get(AQ.XCFG_ENV)
+    try:
+        for backend in ("device", "cuda", "triton"):
+            if backend == "device":
+                C.usable = lambda q, kf, vf, hkv: C.shape_ok(kf, vf, q.shape[0], hkv, q.shape[1])
+            else:
+                C.usable = (lambda *a: True) if backend == "cuda" else (lambda *a: False)
+            C.attn = lambda *a, **k: None
+            tag = f"attn_q tests backend={backend}"
+            os.environ.pop(AQ.XCFG_ENV, None)
+            # test_kvquant_kernel.test_single_pass_and_split: H 4, Hkv 2, D 64, T 77
+            for kv in ("q8_0", "tq4", "tq3", "tq2", "q8_0+tq3", "tq4+tq3", "tq3+q8_0"):
+                a = case(kv, 4, 2, 64, 77)
+                ws = AQ.make_workspace(kv, 4, 64, max_ctx=2048, chunk=32)
+                _scn(f"{tag} single_pass_and_split {kv} single", AQ.attn_decode_q, *a, ws)
+                _scn(f"{tag} single_pass_and_split {kv} split", AQ.attn_decode_q, *a, ws,
+                     n_chunks=4, chunk=32)
+            # test_27b_head_shape: H 24, Hkv 4, D 256, T 40, n_chunks 3, chunk 16, BT 16
+            for kv in ("tq3", "tq4_128+tq3_128", "tq3_128+q8_0"):
+                ws = AQ.make_workspace(kv, 24, 256, max_ctx=4096, chunk=16)
+                _scn(f"{tag} 27b_head_shape {kv}", AQ.attn_decode_q, *case(kv, 24, 4, 256, 40),
+                     ws, n_chunks=3, chunk=16, BT=16)
+            # test_position_from_status: H 2, Hkv 1, D 32, T 20
+            ws = AQ.make_workspace("tq3", 2, 32, max_ctx=2048, chunk=16)
+            _scn(f"{tag} position_from_status tq3", AQ.attn_decode_q, *case("tq3", 2, 1, 32, 20),
+                 ws, n_chunks=2, chunk=16, BT=16)
+            # test_split_rows_from_device_T: tq4+tq3, (8, 4) and (3, 8)
+            ws = AQ.make_workspace("tq4+tq3", 4, 64, max_ctx=2048, chunk=4)
+            for n, ch in ((8, 4), (3, 8)):
+                _scn(f"{tag} split_rows tq4+tq3 n={n}", AQ.attn_decode_q,
+                     *case("tq4+tq3", 4, 2, 64, 77), ws, n_chunks=n, chunk=ch, BT=16)
+            # test_attn_decode_q_extras.test_whole_call_modes (new launches, small tiles) and
+            # test_whole_call_msplit_and_q_rotated (XCFG msplit=1, q_rotated)
+            for x in ("qbn=16,obn=16,rc=2", "qbn=16,obn=16,rc=2,msplit=1,mbn=32,mnw=2",
+                      "obn=64,rc=4,msplit=1,mbn=16"):
+                os.environ[AQ.XCFG_ENV] = x
+                for kv in ("q8_0", "tq3", "q8_0+tq3", "tq3+q8_0"):
+                    ws = AQ.make_workspace(kv, 4, 64, max_ctx=2048, chunk=16)
+                    for n in (1, 6):
+                        for qr in (False, True):
+                            _scn(f"{tag} whole_call {x} {kv} n={n} q_rotated={qr}",
+                                 AQ.attn_decode_q, *case(kv, 4, 2, 64, 77), ws, n_chunks=n,
+                                 chunk=16, BT=16, q_rotated=qr)
+            os.environ.pop(AQ.XCFG_ENV, None)
+            # test_kvquant_kernel.test_write_kernel_rotate_q: H 4, Hkv 2, D 128, T 7
+            for kv in ("tq3", "q8_0", "tq4_128+tq2", "q8_0+tq3"):
+                ws = AQ.make_workspace(kv, 4, 128, max_ctx=2048, chunk=16)
+                for n in (1, 2):
+                    for qr in (False, True):
+                        _scn(f"{tag} write_rotate_q {kv} n={n} q_rotated={qr}",
+                             AQ.attn_decode_q, *case(kv, 4, 2, 128, 7), ws, n_chunks=n,
+                             chunk=16, BT=16, q_rotated=qr)
+    finally:
+        C.usable, C.attn = real
+        if xenv is None:
+            os.environ.pop(AQ.XCFG_ENV, None)
+        else:
+            os.environ[AQ.XCFG_ENV] = xenv
+
+
+def scen_attn_q_step_cuts():
+    """The decode step's cuts around the quantized attention at the 27B shapes: qk_prep_q with
+    rotate_q=True (q = R q in the write kernel), attn_decode_q with q_rotated=True (no qrot
+    launch), and the XCFG merge variants (msplit=1: "merge" + "out" launches; larger obn), each
+    with PDL on and off and with the CUDA attention kernel stubbed (as on the device) or the
+    Triton one."""
+    from tightfit.kernels import attn_decode_q as AQ
+    from tightfit.kernels import attn_decode_q_cuda as C
+    from tightfit.kernels import kv_write_q as KW
+    from tightfit.kernels import pdl
+    from tightfit.kvquant.formats import get_format, split_kv_type
+    st = torch.zeros(4, dtype=torch.int32)
+    qg, k, v = torch.zeros(H, 2 * D), torch.zeros(HKV * D), torch.zeros(HKV * D)
+    nw = torch.zeros(D)
+    cos, sin = torch.zeros(4096, NROT // 2), torch.zeros(4096, NROT // 2)
+    q, out = torch.zeros(H, D), torch.zeros(H, D)
+    real, xenv = (pdl.enabled, C.usable, C.attn), os.environ.get(AQ.XCFG_ENV)
+    xcfgs = ("", "msplit=1", "msplit=1,mbn=32,mnw=4", "msplit=1,mbn=128,mnw=8,obn=64",
+             "obn=64", "obn=64,onw=4", "obn=128,onw=8", "msplit=1,mbn=256,mnw=8,obn=16,onw=4")
+    try:
+        for pdl_on in (False, True):
+            pdl.enabled = (lambda device=None: True) if pdl_on else real[0]
+            for kv in ("tq3", "tq4", "q8_0+tq3", "tq3+q8_0", "tq4_128+tq3_128"):
+                kn, vn = split_kv_type(kv)
+                kcq = torch.zeros(64, HKV, get_format(kn).row_bytes(D), dtype=torch.uint8)
+                vcq = torch.zeros(64, HKV, get_format(vn).row_bytes(D), dtype=torch.uint8)
+                wsw = KW.make_write_workspace(kv, HKV, D)
+                _scn(f"step cuts pdl={int(pdl_on)} kv_write_q rotate_q {kv}", KW.qk_prep_q, qg,
+                     k, v, nw, nw, cos, sin, kcq, vcq, q, st, 1e-6, wsw, rotate_q=True)
+                wsq = AQ.make_workspace(kv, H, D, 32768)
+                for cuda in (False, True):
+                    C.usable = (lambda *a: True) if cuda else real[1]
+                    C.attn = (lambda *a, **kw: None) if cuda else real[2]
+                    for x in xcfgs:
+                        os.environ[AQ.XCFG_ENV] = x
+                        tag = f"step cuts pdl={int(pdl_on)} cuda={int(cuda)} xcfg={x} {kv}"
+                        _scn(f"{tag} single", AQ.attn_decode_q, q, kcq, vcq, qg, out, st, wsq,
+                             q_rotated=True)
+                        _scn(f"{tag} split", AQ.attn_decode_q, q, kcq, vcq, qg, out, st, wsq,
+                             n_chunks=64, q_rotated=True)
+    finally:
+        pdl.enabled, C.usable, C.attn = real
+        if xenv is None:
+            os.environ.pop(AQ.XCFG_ENV, None)
+        else:
+            os.environ[AQ.XCFG_ENV] = xenv
+
+
 SCENARIOS = [scen_gemv_v1, scen_gemv_v2, scen_quant_act, scen_gemm_q, scen_embed, scen_gemv_t3,
-             scen_attention, scen_attn_q_extras, scen_attn_prefill, scen_norm_gdn,
+             scen_attention, scen_attn_q_extras, scen_attn_q_tests, scen_attn_q_step_cuts,
+             scen_attn_prefill, scen_norm_gdn,
              scen_norm_quant, scen_block_step]
 
 

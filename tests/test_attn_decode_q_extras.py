@@ -17,12 +17,15 @@ if not torch.cuda.is_available():             # kernels must be imported interpr
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from tightfit.kernels import attn_decode_q as AQ  # noqa: E402
 from tightfit.kvquant.formats import rotation_matrix, split_kv_type  # noqa: E402
 from tightfit.kvquant.reference import alloc_cache, attention_quant_f64, write_rows  # noqa: E402
 
-INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+# how the kernels were built (at attn_decode_q's import, maybe by another test module), not the
+# environment now: interpreted kernels need CPU tensors, compiled ones CUDA tensors
+INTERP = isinstance(AQ._attn_q_kernel, InterpretedFunction)
 DEV = "cpu" if INTERP else "cuda"
 pytestmark = pytest.mark.skipif(not INTERP and not torch.cuda.is_available(),
                                 reason="needs TRITON_INTERPRET=1 or a GPU")
@@ -203,3 +206,60 @@ def test_device_graph_new_vs_f64(monkeypatch, pdl_on, kv_type):
         torch.cuda.synchronize()
         for (_, ref), out in zip(cases, outs):
             _close(out, ref, TOL)
+
+
+def test_merge_only_vs_f64():
+    """`_merge_out_kernel` GATE=False ROT=False (the "merge" launch of XCFG msplit=1): out = the
+    merged o_rot of its BN columns, no gate (the gate pointer is NaN garbage: must not be read)."""
+    H, D, NCH, T, NL, CHUNK, BT = 3, 64, 10, 77, 8, 4, 16
+    nv = -(-T // _chunk_rows_spec(T, NL, CHUNK, BT, 128))
+    m, lsum, acc = _partials(H, D, NCH, nv, seed=11)
+    ref = _merge_f64(m, lsum, acc, nv)
+    dv = lambda t: t.to(DEV)  # noqa: E731
+    out, nan = dv(torch.full((H, D), float("nan"))), dv(torch.full((H, 2 * D), float("nan")))
+    AQ._merge_out_kernel[(H, D // 32)](
+        dv(torch.zeros(H, D)), dv(m), dv(lsum), dv(acc),
+        dv(torch.tensor([0, 0, T - 1], dtype=torch.int32)), dv(torch.full((D, D), float("nan"))),
+        nan[:, D:], nan.stride(0), out, NCH, NL, CHUNK, D=D, BN=32, RC=2, BT=BT, MINR=128,
+        SPLIT=True, ROT=False, PDL=False, GATE=False)
+    _close(out, ref, RTOL)
+
+
+@pytest.mark.parametrize("kv_type", ["q8_0", "tq3", "q8_0+tq3", "tq3+q8_0"])
+@pytest.mark.parametrize("xcfg", ["qbn=16,obn=16,rc=2,msplit=1,mbn=32,mnw=2",
+                                  "obn=64,rc=4,msplit=1,mbn=16"])
+def test_whole_call_msplit_and_q_rotated(monkeypatch, kv_type, xcfg):
+    """XCFG msplit=1 (split-K merge and the un-rotation + gate as two launches when V rotates)
+    and q_rotated=True (q given as R q, no q rotation launch), vs float64 attention over the same
+    bytes with the unrotated q; the torch twin with q_rotated too."""
+    monkeypatch.setenv(AQ.EXTRAS_ENV, "new")
+    monkeypatch.setenv(AQ.XCFG_ENV, xcfg)
+    H, Hkv, D, T = 4, 2, 64, 77
+    (q, kc, vc, qg, st), ref = _case(kv_type, H, Hkv, D, T, seed=6)
+    ws = AQ.make_workspace(kv_type, H, D, max_ctx=2048, chunk=16, device=DEV)
+    rot_k, rot_v = not kv_type.startswith("q8_0"), not kv_type.endswith("q8_0")
+    R64 = rotation_matrix(D, dtype=torch.float64)
+    q_r = ((q.double().cpu() @ R64.T) if rot_k else q.double().cpu()).float().to(DEV)
+    for qq, qrot in ((q, False), (q_r, True)):
+        for n in (1, 6):
+            out = torch.full((H, D), float("nan"), device=DEV)
+            AQ.attn_decode_q(qq, kc, vc, qg, out, st, ws, n_chunks=n, chunk=16, BT=16,
+                             q_rotated=qrot)
+            _close(out, ref, TOL)
+        names = [nm for nm, _ in AQ.attn_decode_q_pieces(qq, kc, vc, qg, out, st, ws, 6, 16,
+                                                           q_rotated=qrot)]
+        tail = ["merge", "out"] if rot_v else ["merge_out"]
+        assert names == (["qrot"] if rot_k and not qrot else []) + ["attn"] + tail
+        out = torch.full((H, D), float("nan"), device=DEV)
+        AQ.attn_decode_q_ref(qq, kc, vc, qg, out, st, ws, q_rotated=qrot)
+        _close(out, ref, TOL)
+
+
+def test_q_must_be_contiguous():
+    H, Hkv, D, T = 4, 2, 64, 9
+    (q, kc, vc, qg, st), _ = _case("tq3", H, Hkv, D, T, seed=7)
+    ws = AQ.make_workspace("tq3", H, D, max_ctx=64, device=DEV)
+    qwide = torch.zeros(H, 2 * D, device=DEV)
+    qwide[:, :D] = q
+    with pytest.raises(ValueError, match="contiguous"):
+        AQ.attn_decode_q_pieces(qwide[:, :D], kc, vc, qg, torch.zeros(H, D, device=DEV), st, ws)

@@ -8,7 +8,9 @@ T = status[2] + 1 rows, grouped GQA (query head h reads KV head h // (H/Hkv)).
 
 Steps (spec quant-formats §6.4, "keep the codebook domain rotated"):
   1. `_qrot_kernel`: q_rot = R q, grid (H, D / qbn), each program the full D-long dots of its
-     qbn outputs in one tile (only if the K format rotates; else the attention reads q itself);
+     qbn outputs in one tile (only if the K format rotates; else the attention reads q itself;
+     skipped too with q_rotated=True: the decode step's kv_write_q.qk_prep_q(rotate_q=True)
+     writes R q already);
   2. `_attn_q_kernel`, one program per (KV head, chunk) holding the whole query group (padded to
      16 rows for tl.dot): per tile of BT rows the raw planes are read as [BT, D/SUB] words (one
      wide load per plane, the next tile's words prefetched before the current one is decoded);
@@ -25,7 +27,12 @@ Steps (spec quant-formats §6.4, "keep the codebook domain rotated"):
   3. `_merge_out_kernel`, grid (H, D / obn): merges the valid split-K chunks of its head (safe
      max / denominator merge; single pass: reads o_rot) and writes its obn columns of
      out = (R^T o_rot) * sigmoid(gate) (rotation only if the V format rotates).
-So 2-3 launches, each a one-round-trip grid of 100-200 programs. With TIGHTFIT_PDL=1 (sm_90,
+     XCFG msplit=1 (split-K, rotating V): two launches instead, "merge" (the same kernel with
+     ROT=False GATE=False: grid (H, D / mbn), each program merges only its columns into o_rot,
+     so the partials are read once per head, not D / obn times) and "out" (SPLIT=False:
+     (R^T o_rot) * sigmoid(gate)).
+So 2-3 launches (1-2 on the step path with q_rotated), each a one-round-trip grid of 100-200
+programs. With TIGHTFIT_PDL=1 (sm_90,
 tightfit/kernels/pdl.py) the Triton kernels launch with programmatic dependent launch: R is read
 before `gdc_wait`, q / partials / status / gate after it. TIGHTFIT_ATTNQ_EXTRAS=old brings back
 the former launches for device A/B: `_rowmat_kernel` (q_rot, grid (H,), D/16 serial steps),
@@ -287,11 +294,14 @@ def _qrot_kernel(q_ptr, r_ptr, y_ptr, D: tl.constexpr, BN: tl.constexpr, PDL: tl
 def _merge_out_kernel(o_ptr, m_ptr, l_ptr, acc_ptr, status_ptr, r_ptr, gate_ptr, gate_stride,
                       out_ptr, NCH, NL, CHUNK, D: tl.constexpr, BN: tl.constexpr,
                       RC: tl.constexpr, BT: tl.constexpr, MINR: tl.constexpr,
-                      SPLIT: tl.constexpr, ROT: tl.constexpr, PDL: tl.constexpr):
+                      SPLIT: tl.constexpr, ROT: tl.constexpr, PDL: tl.constexpr,
+                      GATE: tl.constexpr = True):
     """out[h, j] = (o_rot[h] R)[j] * sigmoid(gate[h, j]) for the BN outputs j of program (h, jb),
     o_rot merged here from the split-K partials (SPLIT) or read (single pass). With ROT every
     program needs all D columns of o_rot (merges the whole [nv, D] partials of its head: 64 KB
-    at 32K, from L2); without it only its own BN columns."""
+    at 32K, from L2); without it only its own BN columns. GATE=False (with ROT=False): no gate,
+    out = the merged o_rot itself (the merge-only first launch of XCFG msplit=1; gate_ptr is
+    not read)."""
     h = tl.program_id(0)
     j = tl.program_id(1) * BN + tl.arange(0, BN)
     if ROT:
@@ -302,7 +312,8 @@ def _merge_out_kernel(o_ptr, m_ptr, l_ptr, acc_ptr, status_ptr, r_ptr, gate_ptr,
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    g = tl.load(gate_ptr + h * gate_stride + j)       # issued early: independent of the merge
+    if GATE:
+        g = tl.load(gate_ptr + h * gate_stride + j)   # issued early: independent of the merge
     if SPLIT:
         T = tl.load(status_ptr + 2) + 1
         ch = _chunk_rows(T, NL, CHUNK, BT, MINR)
@@ -336,7 +347,9 @@ def _merge_out_kernel(o_ptr, m_ptr, l_ptr, acc_ptr, status_ptr, r_ptr, gate_ptr,
         y = tl.sum(o[:, None] * rt, axis=0)
     else:
         y = o
-    tl.store(out_ptr + h * D + j, y / (1.0 + tl.exp(-g)))
+    if GATE:
+        y = y / (1.0 + tl.exp(-g))
+    tl.store(out_ptr + h * D + j, y)
 
 
 # ---- host side -----------------------------------------------------------------------------------
@@ -392,8 +405,12 @@ def make_workspace(kv_type: str, n_head: int, head_dim: int, max_ctx: int,
 EXTRAS_ENV = "TIGHTFIT_ATTNQ_EXTRAS"    # "old": the former rowmat / reduce / rowmat launches
 XCFG_ENV = "TIGHTFIT_ATTNQ_XCFG"        # "key=val,..." over XCFG (device sweeps)
 # qbn / qnw: outputs and warps per program of _qrot_kernel (grid H x D/qbn); obn / onw: the same
-# for _merge_out_kernel; rc: chunks per step of its merge ([rc, D] partial tile)
-XCFG = dict(qbn=32, qnw=4, obn=32, onw=8, rc=32)
+# for _merge_out_kernel; rc: chunks per step of its merge ([rc, D] partial tile).
+# msplit=1 (split-K with a rotating V format only): two launches instead of one, "merge"
+# (_merge_out_kernel GATE=False ROT=False, grid H x D/mbn, mnw warps: each program merges only
+# its mbn columns, so the [nv, D] partials are read once per head instead of D/obn times) into
+# o_rot, then "out" (_merge_out_kernel SPLIT=False: o_rot R * sigmoid(gate), grid H x D/obn)
+XCFG = dict(qbn=32, qnw=4, obn=32, onw=8, rc=32, msplit=0, mbn=64, mnw=4)
 
 
 def extras_mode() -> str:
@@ -410,18 +427,19 @@ def extras_config(D: int) -> dict:
         if k.strip() not in c:
             raise ValueError(f"{XCFG_ENV}: unknown key {k.strip()!r} (have {sorted(c)})")
         c[k.strip()] = int(v)
-    c["qbn"], c["obn"] = min(c["qbn"], D), min(c["obn"], D)
+    c["qbn"], c["obn"], c["mbn"] = min(c["qbn"], D), min(c["obn"], D), min(c["mbn"], D)
     return c
 
 
 def attn_decode_q_pieces(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace,
                          n_chunks: int = 1, chunk: int = DEFAULT_CHUNK, BT: int = ATTN_BT,
                          num_warps: int = ATTN_WARPS, num_stages: int = ATTN_STAGES,
-                         backend: str | None = None) -> list:
+                         backend: str | None = None, q_rotated: bool = False) -> list:
     """The launches of one `attn_decode_q` call, in order, as (name, fn) pairs: "attn" is the
-    attention kernel, the others the work around it (new: "qrot" when K rotates, "merge_out";
-    TIGHTFIT_ATTNQ_EXTRAS=old: "rowmat_q", "reduce" when split, "rowmat_out"). bench/kv_quant.py
-    times them alone to show where the time goes."""
+    attention kernel, the others the work around it (new: "qrot" when K rotates and q is not
+    q_rotated, "merge_out" or, XCFG msplit=1 with split-K and a rotating V, "merge" + "out";
+    TIGHTFIT_ATTNQ_EXTRAS=old: "rowmat_q", "reduce" when split, "rowmat_out").
+    bench/kv_quant.py times them alone to show where the time goes."""
     H, D = q.shape
     Hkv = kcache.shape[1]
     kf, vf = (get_format(n) for n in split_kv_type(ws.kv_type))
@@ -438,18 +456,22 @@ def attn_decode_q_pieces(q, kcache, vcache, qg, out, status, ws: QuantAttnWorksp
     assert n_chunks <= NCH
     cfg = extras_config(D)
     pieces = []
+    if q.stride() != (D, 1):
+        raise ValueError(f"attn_decode_q: q must be a contiguous [H, D] fp32 tensor (the kernels "
+                         f"read q[h, d] at h * D + d), got strides {tuple(q.stride())}")
+    rot_q = kf.rotate and not q_rotated        # q_rotated: the caller wrote R q (qk_prep_q)
     if old:
         BK = min(16, D)
         pieces.append(("rowmat_q", lambda: _rowmat_kernel[(H,)](
-            q, ws.R, 1, D, q, 0, ws.q_rot, D=D, BK=BK, ROT=kf.rotate, GATE=False, num_warps=4)))
+            q, ws.R, 1, D, q, 0, ws.q_rot, D=D, BK=BK, ROT=rot_q, GATE=False, num_warps=4)))
         q_in = ws.q_rot
-    elif kf.rotate:
+    elif rot_q:
         qbn = cfg["qbn"]
         pieces.append(("qrot", lambda: _qrot_kernel[(H, D // qbn)](
             q, ws.R, ws.q_rot, D=D, BN=qbn, PDL=P, num_warps=cfg["qnw"], **pk)))
         q_in = ws.q_rot
     else:
-        q_in = q                    # nothing to rotate: the attention kernel reads q itself
+        q_in = q          # nothing to rotate (or done already): the attention reads q itself
     o = ws.o_rot
     m, l, acc = (ws.m, ws.l, ws.acc) if split else (o, o, o)
     if backend != "triton" and (backend == "cuda" or C.usable(q, kf, vf, Hkv)):
@@ -474,6 +496,16 @@ def attn_decode_q_pieces(q, kcache, vcache, qg, out, status, ws: QuantAttnWorksp
         pieces.append(("rowmat_out", lambda: _rowmat_kernel[(H,)](
             o, ws.R, D, 1, qg2[:, D:], qg2.stride(0), out, D=D, BK=BK, ROT=vf.rotate, GATE=True,
             num_warps=4)))
+    elif split and vf.rotate and cfg["msplit"]:
+        obn, mbn = cfg["obn"], cfg["mbn"]
+        pieces.append(("merge", lambda: _merge_out_kernel[(H, D // mbn)](
+            o, m, l, acc, status, ws.R, qg2[:, D:], qg2.stride(0), o, NCH, nl, chunk, D=D,
+            BN=mbn, RC=cfg["rc"], BT=mbt, MINR=MIN_CHUNK_ROWS, SPLIT=True, ROT=False, PDL=P,
+            GATE=False, num_warps=cfg["mnw"], **pk)))
+        pieces.append(("out", lambda: _merge_out_kernel[(H, D // obn)](
+            o, m, l, acc, status, ws.R, qg2[:, D:], qg2.stride(0), out, NCH, nl, chunk, D=D,
+            BN=obn, RC=cfg["rc"], BT=mbt, MINR=MIN_CHUNK_ROWS, SPLIT=False, ROT=True, PDL=P,
+            GATE=True, num_warps=cfg["onw"], **pk)))
     else:
         obn = cfg["obn"]
         pieces.append(("merge_out", lambda: _merge_out_kernel[(H, D // obn)](
@@ -485,7 +517,8 @@ def attn_decode_q_pieces(q, kcache, vcache, qg, out, status, ws: QuantAttnWorksp
 
 def attn_decode_q(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace, n_chunks: int = 1,
                   chunk: int = DEFAULT_CHUNK, BT: int = ATTN_BT, num_warps: int = ATTN_WARPS,
-                  num_stages: int = ATTN_STAGES, backend: str | None = None):
+                  num_stages: int = ATTN_STAGES, backend: str | None = None,
+                  q_rotated: bool = False):
     """q [H, D] fp32 (normed, roped), byte caches [cap, Hkv, row_bytes] of ws.kv_type, qg [H, 2D]
     -> out [H, D] = softmax(q K^T / sqrt(D)) V * sigmoid(gate) over T = status[2] + 1 rows.
     n_chunks = 1: single pass (meant for T <= SINGLE_PASS_MAX); else split-K over n_chunks
@@ -495,9 +528,12 @@ def attn_decode_q(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace, n_
     short context still spreads over all programs.
     backend: None (auto: the CUDA C++ kernel of attn_decode_q_cuda when `usable`, else Triton),
     "triton" or "cuda" (BT / num_warps / num_stages are the Triton kernel's).
+    q_rotated: q is already R q (kv_write_q.qk_prep_q(..., rotate_q=True) with the same R, for a
+    rotating K format): the q rotation launch is skipped. False (default): q in the original
+    basis, rotated here when the K format rotates.
     Launches: see `attn_decode_q_pieces` (2-3 kernels; TIGHTFIT_ATTNQ_EXTRAS=old: 3-4)."""
     for _, fn in attn_decode_q_pieces(q, kcache, vcache, qg, out, status, ws, n_chunks, chunk,
-                                      BT, num_warps, num_stages, backend):
+                                      BT, num_warps, num_stages, backend, q_rotated):
         fn()
     return out
 
@@ -505,7 +541,7 @@ def attn_decode_q(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace, n_
 def attn_decode_q_ref(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace,
                       n_chunks: int = 1, chunk: int = DEFAULT_CHUNK, BT: int = ATTN_BT,
                       num_warps: int = ATTN_WARPS, num_stages: int = ATTN_STAGES,
-                      backend: str | None = None):
+                      backend: str | None = None, q_rotated: bool = False):
     """Torch version of `attn_decode_q` (same buffers, computing in fp32 on q's device)."""
     from tightfit.kvquant.reference import dequantize
     H, D = q.shape
@@ -513,7 +549,7 @@ def attn_decode_q_ref(q, kcache, vcache, qg, out, status, ws: QuantAttnWorkspace
     kf, vf = (get_format(n) for n in split_kv_type(ws.kv_type))
     K = dequantize(kcache[:T], kf, D, rotated=True, dtype=torch.float32)
     V = dequantize(vcache[:T], vf, D, rotated=True, dtype=torch.float32)
-    qr = q @ ws.R.T if kf.rotate else q
+    qr = q @ ws.R.T if kf.rotate and not q_rotated else q
     Hkv = K.shape[1]
     s = torch.einsum("jgd,tjd->jgt", qr.reshape(Hkv, H // Hkv, D), K) / math.sqrt(D)
     o = torch.einsum("jgt,tjd->jgd", torch.softmax(s, -1), V).reshape(H, D)

@@ -50,6 +50,18 @@ def _matvec(x_ptr, m_ptr, D: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
+def _rot_store(x, r_ptr, dst, D: tl.constexpr, BJ: tl.constexpr):
+    """dst[j] = sum_k R[j, k] x[k] for a row x [D] held in registers, BJ outputs per step
+    (a [BJ, D] tile of R, the full D-long dot of each output: the summation of
+    attn_decode_q._qrot_kernel), no round trip of x through memory."""
+    k = tl.arange(0, D)
+    jj = tl.arange(0, BJ)
+    for j0 in tl.static_range(0, D, BJ):
+        r = tl.load(r_ptr + (j0 + jj)[:, None] * D + k[None, :])
+        tl.store(dst + j0 + jj, tl.sum(r * x[None, :], axis=1))
+
+
+@triton.jit
 def _quant_row(yv, dst, cb_ptr, mid_ptr, invf_ptr, sqrt_g, D: tl.constexpr, BITS: tl.constexpr,
                G: tl.constexpr, NL: tl.constexpr, SEARCH: tl.constexpr):
     """Quantize one fp32 row yv [D] (rotated for codebook formats) into the byte row at dst."""
@@ -114,8 +126,9 @@ def _qkv_write_kernel(qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, r_
                       D: tl.constexpr, HALF: tl.constexpr, BK: tl.constexpr,
                       KB: tl.constexpr, KG: tl.constexpr, KNL: tl.constexpr, KROT: tl.constexpr,
                       VB: tl.constexpr, VG: tl.constexpr, VNL: tl.constexpr, VROT: tl.constexpr,
-                      SEARCH: tl.constexpr, PDL: tl.constexpr = False):
-    """One launch: programs [0, H) q norm + RoPE -> q_out; [H, H+Hkv) K row j: norm + RoPE
+                      SEARCH: tl.constexpr, PDL: tl.constexpr = False,
+                      QROT: tl.constexpr = False, BJ: tl.constexpr = 16):
+    """One launch: programs [0, H) q norm + RoPE (QROT: then q = R q) -> q_out; [H, H+Hkv) K row j: norm + RoPE
     (+ rotation) -> ws.k, quantized into kcache[pos, j]; [H+Hkv, H+2Hkv) V row j: (rotation)
     -> ws.v, quantized into vcache[pos, j]."""
     p = tl.program_id(0)
@@ -126,7 +139,10 @@ def _qkv_write_kernel(qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, r_
     d = tl.arange(0, D)
     if p < H:
         out = _norm_rope(qg_ptr + p * (2 * D), qn_ptr, cos_ptr, sin_ptr, pos, eps, D, HALF)
-        tl.store(qout_ptr + p * D + d, out)
+        if QROT:
+            _rot_store(out, r_ptr, qout_ptr + p * D, D, BJ)
+        else:
+            tl.store(qout_ptr + p * D + d, out)
     elif p < H + Hkv:
         j = p - H
         y = _norm_rope(k_ptr + j * D, kn_ptr, cos_ptr, sin_ptr, pos, eps, D, HALF)
@@ -191,11 +207,18 @@ def make_write_workspace(kv_type: str, n_head_kv: int, head_dim: int,
     return KVWriteWorkspace(kv_type, R, tuple(tabs), z, z.clone(), search, seed)
 
 
+QROT_BJ = 16        # outputs per step of the q rotation (rotate_q): a [16, D] tile of R
+
+
 def qk_prep_q(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps,
-              ws: KVWriteWorkspace):
+              ws: KVWriteWorkspace, rotate_q: bool = False):
     """qg [H, 2D], k, v [Hkv*D] fp32; byte caches [cap, Hkv, row_bytes] of ws.kv_type;
     q_out [H, D] fp32. Writes the K/V row at status[2]. One kernel launch, no host work beyond
-    the launch (graph-capturable)."""
+    the launch (graph-capturable).
+    rotate_q: when the K format rotates, q_out = R q (ws.R, the rotation attn_decode_q's
+    workspace uses), so the attention can be called with q_rotated=True and skip its q-rotation
+    launch (the H q programs do it next to the K programs' own R k; a non-rotating K format
+    leaves q as is, as attn_decode_q would)."""
     H, D = q_out.shape
     Hkv = kcache.shape[1]
     kf, vf = (get_format(n) for n in split_kv_type(ws.kv_type))
@@ -207,21 +230,25 @@ def qk_prep_q(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps
         math.sqrt(kf.group), math.sqrt(vf.group), D=D, HALF=cos.shape[1], BK=min(16, D),
         KB=kf.bits, KG=kf.group, KNL=1 << kf.bits if kf.rotate else 1, KROT=kf.rotate,
         VB=vf.bits, VG=vf.group, VNL=1 << vf.bits if vf.rotate else 1, VROT=vf.rotate,
-        SEARCH=ws.search, PDL=on, launch_pdl=on, num_warps=4)
+        SEARCH=ws.search, PDL=on, QROT=bool(rotate_q and kf.rotate), BJ=min(QROT_BJ, D),
+        launch_pdl=on, num_warps=4)
     return q_out
 
 
 def qk_prep_q_ref(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps,
-                  ws: KVWriteWorkspace):
+                  ws: KVWriteWorkspace, rotate_q: bool = False):
     """Torch version of `qk_prep_q` (kvquant.reference.quantize on the fp32 rows)."""
     from tightfit.kvquant.reference import quantize
     H, D = q_out.shape
     Hkv = kcache.shape[1]
     pos = int(status[2])
     c, s = cos[pos], sin[pos]
-    q_out.copy_(_rope_rows(_rms(qg.reshape(H, 2 * D)[:, :D], qn_w, eps), c, s))
+    qq = _rope_rows(_rms(qg.reshape(H, 2 * D)[:, :D], qn_w, eps), c, s)
     kk = _rope_rows(_rms(k.reshape(Hkv, D), kn_w, eps), c, s)
     kn, vn = split_kv_type(ws.kv_type)
+    if rotate_q and get_format(kn).rotate:
+        qq = qq @ ws.R.to(qq.device, qq.dtype).T
+    q_out.copy_(qq)
     kcache[pos].copy_(quantize(kk, kn, ws.seed, search=ws.search))
     vcache[pos].copy_(quantize(v.reshape(Hkv, D), vn, ws.seed, search=ws.search))
     return q_out
