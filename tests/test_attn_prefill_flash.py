@@ -12,14 +12,14 @@ quantized cache the tile rounding adds one more fp16 rounding of each value (sam
 """
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import _interp
 
-import pytest  # noqa: E402
+# interpreted only where there is no GPU (tests/_interp.py has the rule and why)
+_interp.interpret_without_gpu()
+
 
 from tightfit.kernels import attn_prefill as AP  # noqa: E402
 from tightfit.kernels import attn_prefill_flash as AF  # noqa: E402
@@ -27,10 +27,12 @@ from tightfit.kvquant.formats import split_kv_type  # noqa: E402
 from tightfit.kvquant.reference import (alloc_cache, attention_quant, dequantize,  # noqa: E402
                                         write_rows)
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1"
-                                and not torch.cuda.is_available(),
+# the device follows how the kernels were built (possibly by an earlier test module), not the
+# environment now: interpreted kernels take CPU tensors, compiled ones CUDA tensors
+INTERP = _interp.interpreted(AF)
+pytestmark = pytest.mark.skipif(not INTERP and not torch.cuda.is_available(),
                                 reason="needs TRITON_INTERPRET=1 or a GPU")
-DEV = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+DEV = "cpu" if INTERP else "cuda"
 TOL = 3e-3
 
 

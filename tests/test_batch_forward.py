@@ -5,18 +5,20 @@ chunks) at awkward positions; prompts of 1, 31, 32, 33 tokens; a model covering 
 partial acceptance of a verify block without re-running."""
 from __future__ import annotations
 
-import os
+import numpy as np
+import pytest
+import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")   # the GEMV route test runs the kernels interpreted
+import _interp
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+# the GEMV route tests run the kernels interpreted, only where there is no GPU
+# (tests/_interp.py has the rule and why)
+_interp.interpret_without_gpu()
 
-from tightfit.api import open_model
-from tightfit.model.generate import make_model
-from tightfit.model.reference import ReferenceModel
-from tightfit.runtime.state import NonFiniteError, StateError
+from tightfit.api import open_model  # noqa: E402
+from tightfit.model.generate import make_model  # noqa: E402
+from tightfit.model.reference import ReferenceModel  # noqa: E402
+from tightfit.runtime.state import NonFiniteError, StateError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,13 @@ def cover(tmp_path_factory):
     mf = open_model(p)
     yield mf
     mf.close()
+
+
+def _gemv_interpreted() -> bool:
+    """The GEMV route on the CPU (gemv_on_cpu) needs its kernels built for the interpreter: they
+    may have been imported compiled by an earlier test module on a GPU machine."""
+    return _interp.interpreted("tightfit.kernels.gemv", "tightfit.kernels.gemv2",
+                               "tightfit.kernels.quantize_act")
 
 
 def _exe(mf, prefill_chunk=16, gdn_chunk=8, **kw):
@@ -378,7 +387,7 @@ def test_small_block_matrices_through_gemv(tmp_path, monkeypatch, qtype):
     IQ4_XS / Q4_K at M >= 3, v1 for Q6_K), run interpreted here (gemv_on_cpu). The verify block's
     logits match the ReferenceModel (int8 activations: ~1 % relative error) and the gemm_q route
     of the same executor; a partial commit then continues like the reference."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not _gemv_interpreted():
         pytest.skip("needs TRITON_INTERPRET=1")
     from tightfit.kernels import gemv as gm
     import tightfit.model.batch as B
@@ -435,7 +444,7 @@ def test_small_block_matrices_through_gemv(tmp_path, monkeypatch, qtype):
 def test_split_small_block_gemv_prefix(monkeypatch):
     """A row-split matrix in a small block: the device prefix through gemv (gemv_on_cpu), the host
     rows on the CPU, concatenated in row order."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not _gemv_interpreted():
         pytest.skip("needs TRITON_INTERPRET=1")
     from tightfit.kernels import gemv as gm
     from tightfit.kernels.gemm_q import gemm_q_ref

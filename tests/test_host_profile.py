@@ -10,11 +10,14 @@ import subprocess
 import sys
 import time
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import numpy as np
+import pytest
+import torch
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import _interp
+
+# interpreted only where there is no GPU (tests/_interp.py has the rule and why)
+_interp.interpret_without_gpu()
 
 from tightfit.api import open_model  # noqa: E402
 from tightfit.kernels import cpu_gemv  # noqa: E402

@@ -6,12 +6,14 @@ and repeats, outputs poisoned with NaN first (an unwritten element fails the equ
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import _interp
+
+# interpreted only where there is no GPU (tests/_interp.py has the rule and why)
+_interp.interpret_without_gpu()
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
@@ -20,7 +22,8 @@ from tightfit.kernels.embed import DEVICE_TYPES, embed_rows  # noqa: E402
 from tightfit.quant.dequant import dequantize  # noqa: E402
 from tightfit.quant.traits import traits  # noqa: E402
 
-interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+# CPU tensors: only where the kernels were built for the interpreter
+interp = pytest.mark.skipif(not _interp.interpreted(embed),
                             reason="CPU tests of the Triton kernels need TRITON_INTERPRET=1")
 
 # byte offsets of the fp16 fields inside one block (spec/quant-formats.md §2)

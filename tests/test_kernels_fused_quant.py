@@ -5,25 +5,26 @@ running the unfused kernel and then tightfit.kernels.quantize_act.quantize_act o
 sizes (5120, 6144, 17408) and tiny ones, under TRITON_INTERPRET=1 on the CPU or on a GPU."""
 from __future__ import annotations
 
-import os
+import torch
 
-import torch  # noqa: E402
+import _interp
 
 # interpreted on the CPU only when there is no GPU: Triton fixes the mode at import, and on the
 # device the compiled kernels are what must be bit-identical (Triton 3.6's interpreter also
 # rejects these launches with "only 0-dimensional arrays can be converted to Python scalars")
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+_interp.interpret_without_gpu()          # tests/_interp.py has the rule
 
 import pytest  # noqa: E402
 
 from tightfit.kernels import norm as N  # noqa: E402
 from tightfit.kernels.quantize_act import QuantAct, quantize_act  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and
-                                not torch.cuda.is_available(),
+# the device follows how the kernels were built (possibly by an earlier test module), not the
+# environment now: interpreted kernels take CPU tensors, compiled ones CUDA tensors
+INTERP = _interp.interpreted(N, "tightfit.kernels.quantize_act")
+pytestmark = pytest.mark.skipif(not INTERP and not torch.cuda.is_available(),
                                 reason="needs TRITON_INTERPRET=1 or a GPU")
-DEV = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+DEV = "cpu" if INTERP else "cuda"
 
 
 def _bufs(rows, k, junk=True):

@@ -12,12 +12,14 @@ Bounds:
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import _interp
+
+# interpreted only where there is no GPU (tests/_interp.py has the rule and why)
+_interp.interpret_without_gpu()
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
@@ -26,7 +28,8 @@ from tightfit.kernels.gemm_q_torch import DECODERS, dequant_rows  # noqa: E402
 from tightfit.quant.dequant import dequantize  # noqa: E402
 from tightfit.quant.traits import traits  # noqa: E402
 
-interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+# CPU tensors: only where the kernels were built for the interpreter
+interp = pytest.mark.skipif(not _interp.interpreted("tightfit.kernels.gemm_q"),
                             reason="CPU tests of the Triton kernels need TRITON_INTERPRET=1")
 
 F16_FIELDS = {8: [0], 20: [0], 10: [80, 82], 11: [108], 12: [0, 2], 13: [0, 2], 14: [208],

@@ -10,12 +10,14 @@ Two bounds per call:
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import _interp
+
+# interpreted only where there is no GPU (tests/_interp.py has the rule and why)
+_interp.interpret_without_gpu()
+
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
@@ -24,7 +26,10 @@ from tightfit.kernels.quantize_act import quantize_act, quantize_act_ref, LAYOUT
 from tightfit.kernels.embed import embed_rows  # noqa: E402
 from tightfit.quant.traits import traits  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+# CPU tensors: only where the kernels were built for the interpreter
+pytestmark = pytest.mark.skipif(not _interp.interpreted("tightfit.kernels.gemv",
+                                                        "tightfit.kernels.quantize_act",
+                                                        "tightfit.kernels.embed"),
                                 reason="CPU tests run the Triton interpreter")
 
 # byte offsets of the fp16 scale fields inside one GGUF block (spec/quant-formats.md §2)

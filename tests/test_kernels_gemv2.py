@@ -16,7 +16,11 @@ import os
 import numpy as np
 import pytest
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import _interp
+
+# interpreted only where there is no GPU (tests/_interp.py has the rule and why)
+_interp.interpret_without_gpu()
+
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
@@ -30,7 +34,8 @@ from tightfit.kernels.gemv2_layout import (FORMATS, GROUP, relayout, unrelayout,
 from tightfit.kernels.quantize_act import quantize_act_ref  # noqa: E402
 from tightfit.quant.traits import traits  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+# CPU tensors: only where the kernels were built for the interpreter
+pytestmark = pytest.mark.skipif(not _interp.interpreted(disp, g2),
                                 reason="CPU tests run the Triton interpreter")
 
 TYPES = [23, 13, 14, 12, 11, 8]          # IQ4_XS, Q5_K, Q6_K, Q4_K, Q3_K, Q8_0

@@ -3,21 +3,24 @@ random shapes under TRITON_INTERPRET=1 (CPU). The attention kernel is also check
 float64 oracle `attention_f64`."""
 from __future__ import annotations
 
-import os
+import pytest
+import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import _interp
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+# interpreted only where there is no GPU (tests/_interp.py has the rule and why)
+_interp.interpret_without_gpu()
 
 from tightfit.kernels import attn_decode as A  # noqa: E402
 from tightfit.kernels import gdn as G  # noqa: E402
 from tightfit.kernels import norm as N  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and
-                                not torch.cuda.is_available(),
+# the device follows how the kernels were built (possibly by an earlier test module), not the
+# environment now: interpreted kernels take CPU tensors, compiled ones CUDA tensors
+INTERP = _interp.interpreted(A, G, N)
+pytestmark = pytest.mark.skipif(not INTERP and not torch.cuda.is_available(),
                                 reason="needs TRITON_INTERPRET=1 or a GPU")
-DEV = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+DEV = "cpu" if INTERP else "cuda"
 
 
 def _close(a, b, tol=1e-5):

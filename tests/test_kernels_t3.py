@@ -5,12 +5,14 @@ which gguf-py 0.19 lacks), then a float64 matmul. The T3 blocks come from tightf
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import _interp
+
+# interpreted only where there is no GPU (tests/_interp.py has the rule and why)
+_interp.interpret_without_gpu()
+
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
@@ -18,12 +20,16 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf.quants import dequantize as gg_dequantize, quantize as gg_quantize  # noqa: E402
 
+from tightfit.kernels import gemv_t3 as T3  # noqa: E402
 from tightfit.kernels.gemv_t3 import gemv_t3, gemv_t3_ref  # noqa: E402
 from tightfit.tools.repack import Q2_0, TQ2_0, T3_64, T3_256, repack_chunks  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+# the device follows how the kernels were built (possibly by an earlier test module), not the
+# environment now: interpreted kernels take CPU tensors, compiled ones CUDA tensors
+INTERP = _interp.interpreted(T3)
+pytestmark = pytest.mark.skipif(not INTERP and not torch.cuda.is_available(),
                                 reason="needs a GPU or TRITON_INTERPRET=1")
-DEV = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+DEV = "cpu" if INTERP else "cuda"
 
 
 def _repack(raw: np.ndarray, src: int, rows: int) -> np.ndarray:
