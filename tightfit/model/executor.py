@@ -27,6 +27,14 @@ output is still quantized by a separate launch) when TIGHTFIT_FUSE_QUANT=1 (off 
 a device run measures it against the separate launches)); on the
 CPU (tests) a torch path: float views for F32/F16/BF16, per-call NumPy dequantization for
 quantized blocks.
+Merged launches (TIGHTFIT_MERGE_LINEARS=1, off by default until measured on the device;
+tightfit.model.merge): consecutive matrices of one `_linears` call with the same type, row length
+and activation layout and no host rows (GDN attn_qkv + attn_gate, ssm_beta + ssm_alpha; ffn_gate +
+ffn_up; attn_k + attn_v where they match) run as ONE GEMV over their adjacent raw bytes (legacy:
+uploaded into slices of one buffer per group; placed: only where the arena already put them back
+to back), writing one contiguous output: the step buffers of each call site are re-laid inside the
+same workspace bytes so that its outputs follow each other (`merged`: first part's name -> group).
+`lin` keeps every part (views of the same bytes) for the batched forward and the verify graph.
 Embedding (`device_embed=`): on the device when the table is there (the plan's arena; on the
 legacy path a device copy only with TIGHTFIT_DEVICE_EMBED=1 or device_embed=True) and
 tightfit.kernels.embed has a capturable kernel for its type; otherwise (fallback) the row is
@@ -124,35 +132,45 @@ class Linear:
     """One matrix W[n_out, n_in] as raw GGUF bytes on the device."""
 
     def __init__(self, name: str, info: Any, device: torch.device, use_triton: bool,
-                 raw: torch.Tensor | None = None, n_out: int | None = None):
+                 raw: torch.Tensor | None = None, n_out: int | None = None,
+                 dest: torch.Tensor | None = None):
         self.name = name
         self.info = info
         self.qtype = int(info.qtype)
         self.n_out, self.n_in = (int(s) for s in info.numpy_shape)
         self.whole = raw is None
-        if raw is None:           # legacy: one device allocation per matrix
+        if raw is None:           # legacy: one device allocation per matrix ...
             host = np.ascontiguousarray(np.asarray(info.raw(), dtype=np.uint8).reshape(-1))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
-                self.raw = torch.from_numpy(host).to(device)
+                if dest is None:
+                    self.raw = torch.from_numpy(host).to(device)
+                else:             # ... or its slice of a merged group's one buffer (merge.py)
+                    self.raw = dest.copy_(torch.from_numpy(host))
         else:                     # placed: the first n_out rows, a view of the device arena
             self.raw = raw
             self.n_out = int(n_out)
         self.nbytes = int(self.raw.numel())
-        gm = _gemv_mod() if use_triton else None
-        self.kind = "ref"
-        self.layout = None
-        if gm is not None and self.qtype in gm.FLOAT_TYPES:
-            self.kind = "float"
-        elif gm is not None and self.qtype in gm.QUANT_TYPES and self.n_in % 256 == 0:
-            self.kind = "quant"
-            from tightfit.kernels.gemv_route import act_layout
-            self.layout = act_layout(self.qtype)
-        elif use_triton and device.type == "cuda" and self.qtype not in FLOAT_QTYPES:
+        self.kind, self.layout = self.classify(self.qtype, self.n_in, use_triton)
+        if self.kind == "ref" and use_triton and device.type == "cuda" and \
+                self.qtype not in FLOAT_QTYPES:
             raise UserError(f"{name}: type {info.type_name} with rows of {self.n_in} has no GPU "
                             "GEMV kernel yet")
         if self.kind == "ref" and self.qtype in FLOAT_QTYPES:
             self.view = self.raw.view(FLOAT_QTYPES[self.qtype]).view(self.n_out, self.n_in)
+
+    @staticmethod
+    def classify(qtype: int, n_in: int, use_triton: bool) -> tuple[str, int | None]:
+        """(kind, activation layout) of a matrix: "float" (F32/F16/BF16 GEMV), "quant" (the
+        quantized GEMV on int8 activations of that layout) or "ref" (torch; CPU only). Also what
+        the legacy upload uses to plan merged groups before any Linear exists."""
+        gm = _gemv_mod() if use_triton else None
+        if gm is not None and qtype in gm.FLOAT_TYPES:
+            return "float", None
+        if gm is not None and qtype in gm.QUANT_TYPES and n_in % 256 == 0:
+            from tightfit.kernels.gemv_route import act_layout
+            return "quant", act_layout(qtype)
+        return "ref", None
 
     def ref(self, x: torch.Tensor, out: torch.Tensor) -> None:
         if self.qtype in FLOAT_QTYPES:
@@ -238,6 +256,14 @@ class GPUModel:
             if _placed.HOST_PROFILE:
                 self.host_profile = _placed.HostProfile()
         self._carve_workspace(plan, tensors, needed)
+        # merged GEMV launches (tightfit.model.merge, TIGHTFIT_MERGE_LINEARS=1): on the legacy
+        # path each group's matrices are uploaded into slices of one buffer (_merge_dest)
+        from tightfit.model import merge as _merge
+        self.merge = _merge.enabled() and self.use_triton
+        self.merged: dict[str, _merge.MergedLinear] = {}    # first part's name -> group
+        self._merge_dest: dict[str, torch.Tensor] = {}
+        if self.merge and self.placed is None:
+            self._merge_alloc(tensors)
         from tightfit.model.weights import dequantize_tensor
         for name in needed:
             if name == "token_embd.weight":
@@ -257,6 +283,9 @@ class GPUModel:
         self._embd_info = tensors["token_embd.weight"]
         if c.tied_output or "output.weight" not in tensors:
             self._add_matrix("output.weight", "token_embd.weight", self._embd_info)
+        self._merge_dest = {}
+        if self.merge:
+            self._merge_build()
         self.weight_bytes = sum(l.nbytes for l in self.lin.values())
         self.host_weight_bytes = sum(h.nbytes for h in self.hostw.values())
         if self.hostw:             # host rows run between kernels: no whole-step CUDA graph
@@ -313,7 +342,8 @@ class GPUModel:
         """lin[key]: the device rows of `tensor` (all of them, or the placement's GPU prefix);
         hostw[key]: its host suffix, if the placement has one."""
         if self.placed is None:
-            self.lin[key] = Linear(key, info, self.device, self.use_triton)
+            self.lin[key] = Linear(key, info, self.device, self.use_triton,
+                                   dest=self._merge_dest.get(key))
             return
         raw = self.placed.gpu_raw(tensor)
         if raw is not None:
@@ -321,6 +351,79 @@ class GPUModel:
                                    n_out=self.placed.gpu_rows(tensor))
         if tensor in self.placed.host:
             self.hostw[key] = self.placed.host[tensor]
+
+    # ---- merged GEMV groups (tightfit.model.merge) ----------------------------------------------
+    def _merge_key(self, name: str):
+        """What must be equal for matrices to share one launch: (qtype, n_in, layout) of a device
+        matrix on the quantized path with no host rows; None: never merged."""
+        L = self.lin.get(name)
+        if L is None or L.kind != "quant" or name in self.hostw:
+            return None
+        return L.qtype, L.n_in, L.layout
+
+    def _merge_alloc(self, tensors: Any) -> None:
+        """Legacy path, before the upload: one device buffer per group (planned from the tensor
+        types exactly as Linear classifies them), each part a slice that Linear fills from the
+        file, so the parts are adjacent and no second copy of any weight exists."""
+        from tightfit.model import merge as _merge
+
+        def key(name: str):
+            info = tensors.get(name)
+            if info is None:
+                return None
+            qt, n_in = int(info.qtype), int(info.numpy_shape[-1])
+            kind, lay = Linear.classify(qt, n_in, self.use_triton)
+            return (qt, n_in, lay) if kind == "quant" else None
+
+        for group in _merge.plan_groups(self.config, key):
+            sizes = [int(tensors[n].nbytes) for n in group]
+            if any(sz % _merge.PART_ALIGN for sz in sizes[:-1]):
+                continue                       # a part would start misaligned: keep them apart
+            buf = torch.empty(sum(sizes), dtype=torch.uint8, device=self.device)
+            off = 0
+            for n, sz in zip(group, sizes):
+                self._merge_dest[n] = buf[off:off + sz]
+                off += sz
+
+    def _merge_build(self) -> None:
+        """self.merged: every group whose parts are adjacent device bytes (legacy: allocated so;
+        placed: the arena put them back to back), and the step buffers re-laid so that each call
+        site's outputs are contiguous in call order (merge.relayout, inside the same workspace
+        bytes). A group whose outputs cannot be made contiguous is not merged."""
+        from tightfit.model import merge as _merge
+        from tightfit.plan.placement import ARENA_ALIGN
+        groups = []
+        for g in _merge.plan_groups(self.config, self._merge_key):
+            if _merge.adjacent([self.lin[n].raw for n in g]):
+                groups.append(g)
+        if not groups:
+            return
+        sites = _merge.call_sites(self.config)
+        out_of = {n: o for names, outs in sites for n, o in zip(names, outs)}
+        chains, seen = [], set()
+        for names, outs in sites:
+            if outs not in seen and any(set(g) <= set(names) for g in groups):
+                seen.add(outs)
+                chains.append(outs)
+        order = [(b.name, b.nbytes) for b in self._ws_bufs]
+        moved = _merge.relayout(order, self._ws_offs, chains, ARENA_ALIGN)
+        dt = {"f32": torch.float32, "i32": torch.int32, "i64": torch.int64, "i8": torch.int8,
+              "u8": torch.uint8}
+        for b in self._ws_bufs:
+            if b.name in moved:
+                off = moved[b.name]
+                self._ws_offs[b.name] = off
+                t = self._ws_region[off:off + b.nbytes].view(dt[b.dtype]).view(b.shape)
+                self._ws[b.name] = t.zero_()
+        ws = self._ws
+        for g in groups:
+            if not _merge.outputs_contiguous([ws[out_of[n]] for n in g]):
+                continue
+            parts = [self.lin[n] for n in g]
+            L0 = parts[0]
+            raw = _merge.span(L0.raw, (sum(L.nbytes for L in parts),))
+            self.merged[g[0]] = _merge.MergedLinear(tuple(g), raw, L0.qtype, L0.n_in, L0.layout,
+                                                    tuple(L.n_out for L in parts))
 
     # ---- buffers ------------------------------------------------------------------------------
     def _carve_workspace(self, plan: Any, tensors: Any, needed: list[str]) -> None:
@@ -356,6 +459,7 @@ class GPUModel:
               "u8": torch.uint8}
         self._ws_region = region
         self._ws_bufs = bufs
+        self._ws_offs = dict(offs)
         self._ws: dict[str, torch.Tensor] = {}
         for b in bufs:
             t = region[offs[b.name]:offs[b.name] + b.nbytes].view(dt[b.dtype]).view(b.shape)
@@ -541,8 +645,22 @@ class GPUModel:
         acts: dict = {}
         gm = _gemv_mod()
         from tightfit.kernels.gemv_route import gemv_act
-        for name, out in pairs:
-            L = self.lin.get(name)
+        i = 0
+        while i < len(pairs):
+            name, out = pairs[i]
+            i += 1
+            M = self.merged.get(name)
+            if M is not None:                  # one launch for the group starting here
+                k = len(M.names)
+                grp = pairs[i - 1:i - 1 + k]
+                outs = [o for _, o in grp]
+                if tuple(n for n, _ in grp) == M.names and \
+                        self._merge_outputs_ok(outs, M.rows):
+                    out = self._merge_span(outs[0], M.n_out)
+                    i += k - 1
+                else:
+                    M = None
+            L = M if M is not None else self.lin.get(name)
             if L is None:
                 continue                       # wholly on the host
             o = out if name not in self.hostw else out.view(1, -1)[:, :L.n_out]
@@ -559,6 +677,18 @@ class GPUModel:
                 gm.gemv(x, L.raw, L.qtype, L.n_out, L.n_in, out=o)
             else:
                 L.ref(x, o)
+
+    @staticmethod
+    def _merge_outputs_ok(outs: Sequence[torch.Tensor], rows: Sequence[int]) -> bool:
+        """The outputs of a merged group: one row each of the part's width, back to back."""
+        from tightfit.model import merge as _merge
+        return all(o.numel() == r for o, r in zip(outs, rows)) and \
+            _merge.outputs_contiguous(outs)
+
+    @staticmethod
+    def _merge_span(first: torch.Tensor, n: int) -> torch.Tensor:
+        from tightfit.model import merge as _merge
+        return _merge.span(first, (1, n))
 
     # ---- embedding ----------------------------------------------------------------------------
     def _device_embedding(self, want: bool | None = None):
