@@ -7,9 +7,11 @@ B of FP16 KV per token and 3,268,608 B of recurrent state per GDN layer per bank
 from __future__ import annotations
 
 import dataclasses
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import _interp
+
+# interpreted only where there is no GPU (tests/_interp.py has the rule and why)
+_interp.interpret_without_gpu()
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -3,9 +3,10 @@ reference ops, and once with the Triton kernels under TRITON_INTERPRET=1. Logits
 with the CPU ReferenceModel (tightfit/model/reference.py), the outside oracle of this module."""
 from __future__ import annotations
 
-import os
+import _interp
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# interpreted only where there is no GPU (tests/_interp.py has the rule and why)
+_interp.interpret_without_gpu()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -15,6 +16,12 @@ from tightfit.api import open_model  # noqa: E402
 from tightfit.model.generate import make_model  # noqa: E402
 from tightfit.model.reference import ReferenceModel  # noqa: E402
 from tightfit.runtime.state import NonFiniteError  # noqa: E402
+
+# interpreter-only tests follow how the kernels were built (possibly by an earlier test
+# module), not the environment now
+INTERP = _interp.interpreted("tightfit.kernels.gemv", "tightfit.kernels.norm",
+                             "tightfit.kernels.attn_decode", "tightfit.kernels.gdn",
+                             "tightfit.kernels.embed")
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +102,7 @@ def test_nonfinite_keeps_state(tiny):
 
 def test_triton_interpreter_step(tiny):
     """The same executor with the Triton kernels (interpreted) for a few tokens."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not INTERP:
         pytest.skip("needs TRITON_INTERPRET=1")
     ref = ReferenceModel.from_model_file(tiny)
     exe = _exe(tiny, use_triton=True)
@@ -110,7 +117,7 @@ def test_triton_interpreter_quant_routes(tmp_path, monkeypatch, qtype):
     the small-N dp4a path for Q4_K / IQ4_XS / Q6_K), interpreted, against the CPU
     ReferenceModel on the same file (its float64-exact dequantization is the outside oracle; the
     int8 activations of the GEMV give ~1 % relative error, as on the device)."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not INTERP:
         pytest.skip("needs TRITON_INTERPRET=1")
     from tightfit.kernels.gemv_route import SMALL_TYPES, is_small
     p = tmp_path / f"small-{qtype}.gguf"

@@ -4,9 +4,10 @@ host; the host-row path stays as the fallback. Run on the CPU: the two embedding
 identical logits, and greedy ids equal the CPU ReferenceModel's (the outside oracle)."""
 from __future__ import annotations
 
-import os
+import _interp
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# interpreted only where there is no GPU (tests/_interp.py has the rule and why)
+_interp.interpret_without_gpu()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -15,6 +16,12 @@ import torch  # noqa: E402
 from tightfit.api import open_model  # noqa: E402
 from tightfit.model.generate import make_model  # noqa: E402
 from tightfit.model.reference import ReferenceModel  # noqa: E402
+
+# interpreter-only tests follow how the kernels were built (possibly by an earlier test
+# module), not the environment now
+INTERP = _interp.interpreted("tightfit.kernels.gemv", "tightfit.kernels.norm",
+                             "tightfit.kernels.attn_decode", "tightfit.kernels.gdn",
+                             "tightfit.kernels.embed")
 
 CTX = 48
 
@@ -94,7 +101,7 @@ def test_greedy_fed_on_device_matches_reference(tiny, monkeypatch):
 
 def test_triton_interpreter_embed_and_argmax(tiny):
     """The Triton embedding + two-stage argmax kernels (interpreted) in the step."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not INTERP:
         pytest.skip("needs TRITON_INTERPRET=1")
     dev = _exe(tiny, device_embed=True, use_triton=True)
     host = _exe(tiny, device_embed=False, use_triton=True)

@@ -9,9 +9,10 @@ by a torch one that reads every byte of the prepared activation (q in its layout
 logits are identical iff the fused and unfused int8 copies are."""
 from __future__ import annotations
 
-import os
+import _interp
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# interpreted only where there is no GPU (tests/_interp.py has the rule and why)
+_interp.interpret_without_gpu()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -21,8 +22,13 @@ from tightfit.api import open_model  # noqa: E402
 from tightfit.model.generate import make_model  # noqa: E402
 from tightfit.model.reference import ReferenceModel  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="needs TRITON_INTERPRET=1")
+# interpreter-only tests follow how the kernels were built (possibly by an earlier test
+# module), not the environment now
+INTERP = _interp.interpreted("tightfit.kernels.gemv", "tightfit.kernels.norm",
+                             "tightfit.kernels.attn_decode", "tightfit.kernels.gdn",
+                             "tightfit.kernels.embed", "tightfit.kernels.quantize_act")
+
+pytestmark = pytest.mark.skipif(not INTERP, reason="needs TRITON_INTERPRET=1")
 
 
 def _count_quants(monkeypatch):

@@ -5,9 +5,10 @@ oracle is the CPU ReferenceModel with the SAME kv_type (State stores the bytes n
 attention_quant reads the codes): logits within 1e-4 relative on an F32 model."""
 from __future__ import annotations
 
-import os
+import _interp
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# interpreted only where there is no GPU (tests/_interp.py has the rule and why)
+_interp.interpret_without_gpu()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -18,6 +19,13 @@ from tightfit.errors import UserError  # noqa: E402
 from tightfit.model.generate import make_model  # noqa: E402
 from tightfit.model.reference import ReferenceModel  # noqa: E402
 from tightfit.runtime.state import StateError  # noqa: E402
+
+# interpreter-only tests follow how the kernels were built (possibly by an earlier test
+# module), not the environment now
+INTERP = _interp.interpreted("tightfit.kernels.gemv", "tightfit.kernels.norm",
+                             "tightfit.kernels.attn_decode", "tightfit.kernels.gdn",
+                             "tightfit.kernels.embed", "tightfit.kernels.attn_decode_q",
+                             "tightfit.kernels.kv_write_q")
 
 TOL = 1e-4
 
@@ -86,7 +94,7 @@ def test_prefill_then_decode_matches_reference(tiny, kv_type, small_single_pass)
 def test_triton_interpreter_quant_kernels(tiny, small_single_pass):
     """kv_write_q + attn_decode_q (interpreted) in the executor's step: single pass then
     split-K, tq3 (rotating codebook) for K and q8_0 for V."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not INTERP:
         pytest.skip("needs TRITON_INTERPRET=1")
     kv_type = "tq3+q8_0"
     ref = ReferenceModel.from_model_file(tiny, kv_type=kv_type)

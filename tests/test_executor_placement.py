@@ -5,9 +5,10 @@ logits are compared with tightfit.model.reference.ReferenceModel (the outside or
 the file its own way and knows nothing of placements)."""
 from __future__ import annotations
 
-import os
+import _interp
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# interpreted only where there is no GPU (tests/_interp.py has the rule and why)
+_interp.interpret_without_gpu()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -20,6 +21,12 @@ from tightfit.model.reference import ReferenceModel  # noqa: E402
 from tightfit.plan.budget import PlanOptions, plan_model  # noqa: E402
 from tightfit.plan.placement import GPU, HOST, Segment, inventory_from_gguf  # noqa: E402
 from tightfit.plan.rowsplit import PlacementError, SPLIT_ROW_QUANTUM  # noqa: E402
+
+# interpreter-only tests follow how the kernels were built (possibly by an earlier test
+# module), not the environment now
+INTERP = _interp.interpreted("tightfit.kernels.gemv", "tightfit.kernels.norm",
+                             "tightfit.kernels.attn_decode", "tightfit.kernels.gdn",
+                             "tightfit.kernels.embed")
 
 CTX = 48
 
@@ -242,7 +249,7 @@ def test_triton_interpreter_split(tmp_path):
     F32 model, FFN gate/up split at row 64 of 96, host embedding."""
     from tightfit.model.executor import GPUModel
     from tightfit.model.placed import replace_host_rows
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not INTERP:
         pytest.skip("needs TRITON_INTERPRET=1")
     p = tmp_path / "tiny-f32.gguf"
     make_model(p, preset="tiny", qtype="F32", seed=7)

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import os
 
+import _interp
+
 if __name__ != "__main__":          # the device A/B at the bottom runs the real kernels
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    # interpreted only where there is no GPU (tests/_interp.py has the rule and why)
+    _interp.interpret_without_gpu()
 else:                               # run as a script from the repository root
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -28,8 +31,12 @@ from tightfit.model import merge  # noqa: E402
 from tightfit.model.generate import make_model  # noqa: E402
 from tightfit.model.reference import ReferenceModel  # noqa: E402
 
-interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                            reason="needs TRITON_INTERPRET=1")
+# interpreter-only tests follow how the kernels were built (possibly by an earlier test
+# module), not the environment now
+INTERP = _interp.interpreted("tightfit.kernels.gemv", "tightfit.kernels.norm",
+                             "tightfit.kernels.attn_decode", "tightfit.kernels.gdn",
+                             "tightfit.kernels.embed")
+interp = pytest.mark.skipif(not INTERP, reason="needs TRITON_INTERPRET=1")
 
 # seed-mix-like: GDN qkv/gate IQ4_XS, beta/alpha Q8_0, FFN gate/up IQ4_XS except blocks 1 (up
 # Q4_K) and 6 (gate Q5_K), attention q IQ4_XS, k Q6_K, v Q5_K except block 7 (v Q6_K, like
@@ -227,7 +234,7 @@ def test_off_by_default(mixed, monkeypatch):
 
 
 # ---- the device -------------------------------------------------------------------------------
-@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERP,
                     reason="needs CUDA (run without TRITON_INTERPRET)")
 def test_device_graphs_merged_vs_unmerged(tmp_path, monkeypatch):
     """The captured step with and without merging, 8 greedy steps. Bitwise when the kernels pick
