@@ -48,3 +48,33 @@ def test_below_crossover_not_routed(monkeypatch):
         def data_ptr():
             return 4104
     assert not R.mma_routed(12, 8, Misaligned)
+
+
+def test_shared_operand_checks_refuse_bad_buffers():
+    """gemv_cuda and gemv_mma share check_shape / check_operands: each bad buffer gets its error."""
+    import pytest
+    from tightfit.kernels.gemv_cuda import check_operands, check_shape
+    from tightfit.kernels.quantize_act import QuantAct
+    n, k, n_out, t = 2, 512, 8, 12                  # Q4_K: 144 bytes per 256 weights
+    rb = k // 256 * 144
+
+    def act(q=None, d=None, s16=None):
+        return QuantAct(torch.zeros(n, k, dtype=torch.int8) if q is None else q,
+                        torch.zeros(n, k // 32) if d is None else d,
+                        torch.zeros(n, k // 16, dtype=torch.int32) if s16 is None else s16, 0, n, k)
+    w = torch.zeros(n_out * rb, dtype=torch.uint8)
+    out = torch.zeros(n, n_out)
+    with pytest.raises(ValueError, match="not on a CUDA device"):
+        check_shape("X", t, act(), torch.device("cpu"))
+    assert check_shape("X", t, act(), torch.device("cuda", 0)) == rb
+    bad_k = QuantAct(torch.zeros(n, 288, dtype=torch.int8), torch.zeros(n, 9),
+                     torch.zeros(n, 18, dtype=torch.int32), 0, n, 288)
+    with pytest.raises(ValueError, match="not a multiple of the block size 256"):
+        check_shape("X", t, bad_k, torch.device("cuda", 0))
+    check_operands("X", act(), w, n_out, out, rb)   # well-formed: no error
+    with pytest.raises(ValueError, match="X: weights must be contiguous uint8"):
+        check_operands("X", act(), w[:-1], n_out, out, rb)
+    with pytest.raises(ValueError, match="activation buffers"):
+        check_operands("X", act(d=torch.zeros(n, k // 16)), w, n_out, out, rb)
+    with pytest.raises(ValueError, match="out must be contiguous fp32"):
+        check_operands("X", act(), w, n_out, out.double(), rb)

@@ -290,6 +290,42 @@ def _chunks(n: int) -> list[tuple[int, int]]:
     return [(0, 8), (8, n - 8)] if n <= 16 else [(c, min(8, n - c)) for c in range(0, n, 8)]
 
 
+def check_shape(who: str, qtype: int, act, dev: torch.device) -> int:
+    """Shape checks of a raw-block GEMV launch (gemv_cuda, gemv_mma), made once per geometry;
+    returns the bytes per weight row."""
+    tr = traits(qtype)
+    n, k = int(act.n), int(act.k)
+    if dev.type != "cuda":
+        raise ValueError(f"{who}: weights are not on a CUDA device")
+    if k % tr.block_size or k % 32:
+        raise ValueError(f"{who}: n_in={k} not a multiple of the block size {tr.block_size}")
+    if n < 1:
+        raise ValueError(f"{who}: no activation columns")
+    return k // tr.block_size * tr.type_size
+
+
+def check_operands(who: str, act, w_raw: torch.Tensor, n_out: int, out: torch.Tensor,
+                   rb: int) -> None:
+    """Buffer checks of every raw-block GEMV launch (gemv_cuda, gemv_mma): contiguous uint8
+    weights of n_out rows of rb bytes, layout-0 QuantAct buffers [N, K] with q 16-byte aligned,
+    a contiguous fp32 [N, n_out] output on the weights' device."""
+    n, k = int(act.n), int(act.k)
+    q, d, s16 = act.q, act.d, act.s16
+    dev = w_raw.device
+    if w_raw.dtype != torch.uint8 or w_raw.numel() != n_out * rb or not w_raw.is_contiguous():
+        raise ValueError(f"{who}: weights must be contiguous uint8 with {n_out * rb} bytes, "
+                         f"got {w_raw.dtype} {tuple(w_raw.shape)}")
+    if (q.dtype != torch.int8 or q.shape != (n, k) or not q.is_contiguous()
+            or d.dtype != torch.float32 or d.numel() != n * (k // 32) or not d.is_contiguous()
+            or s16.dtype != torch.int32 or s16.numel() != n * (k // 16) or not s16.is_contiguous()):
+        raise ValueError(f"{who}: activation buffers do not match QuantAct layout 0 [N, K]")
+    if (out.dtype != torch.float32 or out.numel() != n * n_out or not out.is_contiguous()
+            or out.device != dev or q.device != dev):
+        raise ValueError(f"{who}: out must be contiguous fp32 [{n}, {n_out}] on {dev}")
+    if q.data_ptr() % 16:
+        raise ValueError(f"{who}: activation q must be 16-byte aligned")
+
+
 def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
               config: dict | None = None) -> torch.Tensor:
     """out[N, n_out] (fp32) = x . W^T, x given as a layout-0 QuantAct (quantize_act)."""
@@ -307,14 +343,7 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
             None if config is None else tuple(sorted(config.items())))
     g = _geom.get(gkey)
     if g is None:
-        tr = traits(qtype)
-        if dev.type != "cuda":
-            raise ValueError("CUDA GEMV: weights are not on a CUDA device")
-        if k % tr.block_size or k % 32:
-            raise ValueError(f"CUDA GEMV: n_in={k} not a multiple of the block size {tr.block_size}")
-        if n < 1:
-            raise ValueError("CUDA GEMV: no activation columns")
-        rb = k // tr.block_size * tr.type_size
+        rb = check_shape("CUDA GEMV", qtype, act, dev)
         wpr = int((config or {}).get("wpr", 0)) or pick_wpr(qtype, k, n_out)
         if wpr not in (1, 2, 4, 8):
             raise ValueError(f"CUDA GEMV: wpr {wpr} not in 1, 2, 4, 8")
@@ -337,18 +366,7 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
         g = (rb, launches)
         _geom[gkey] = g
     rb, launches = g
-    if w_raw.dtype != torch.uint8 or w_raw.numel() != n_out * rb or not w_raw.is_contiguous():
-        raise ValueError(f"CUDA GEMV: weights must be contiguous uint8 with {n_out * rb} bytes, "
-                         f"got {w_raw.dtype} {tuple(w_raw.shape)}")
-    if (q.dtype != torch.int8 or q.shape != (n, k) or not q.is_contiguous()
-            or d.dtype != torch.float32 or d.numel() != n * (k // 32) or not d.is_contiguous()
-            or s16.dtype != torch.int32 or s16.numel() != n * (k // 16) or not s16.is_contiguous()):
-        raise ValueError("CUDA GEMV: activation buffers do not match QuantAct layout 0 [N, K]")
-    if (out.dtype != torch.float32 or out.numel() != n * n_out or not out.is_contiguous()
-            or out.device != dev or q.device != dev):
-        raise ValueError(f"CUDA GEMV: out must be contiguous fp32 [{n}, {n_out}] on {dev}")
-    if q.data_ptr() % 16:
-        raise ValueError("CUDA GEMV: activation q must be 16-byte aligned")
+    check_operands("CUDA GEMV", act, w_raw, int(n_out), out, rb)
     if (kern in V5_KERNS or _formats()[qtype] in V4_V5_FORMATS) and (d.data_ptr() % 8
                                                                       or s16.data_ptr() % 8):
         raise ValueError(f"CUDA GEMV {kern}: activation d / s16 must be 8-byte aligned")

@@ -38,7 +38,7 @@ import torch
 
 from tightfit.kernels import cuda_runtime as _rt
 from tightfit.kernels.cuda_source import CUDA_DIR, COMMON, source_hash
-from tightfit.quant.traits import traits
+from tightfit.kernels.gemv_cuda import check_operands, check_shape
 
 MMA = "gemv_mma.cuh"
 THREADS = 256                       # TF_MMA_THREADS
@@ -172,16 +172,9 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
             None if config is None else tuple(sorted(config.items())))
     g = _geom.get(gkey)
     if g is None:
-        tr = traits(qtype)
-        if dev.type != "cuda":
-            raise ValueError("MMA GEMV: weights are not on a CUDA device")
-        if k % tr.block_size or k % 32:
-            raise ValueError(f"MMA GEMV: n_in={k} not a multiple of the block size {tr.block_size}")
-        if n < 1:
-            raise ValueError("MMA GEMV: no activation columns")
+        rb = check_shape("MMA GEMV", qtype, act, dev)
         if n_out < 1:
             raise ValueError("MMA GEMV: no output rows")
-        rb = k // tr.block_size * tr.type_size
         cps = int((config or {}).get("ctas_per_sm", 0)) or int(
             os.environ.get("TIGHTFIT_MMA_CPS", "2"))
         if not 1 <= cps <= 8:
@@ -199,18 +192,9 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
         g = (rb, any(sp for *_, sp in launches), launches)
         _geom[gkey] = g
     rb, zero, launches = g
-    if w_raw.dtype != torch.uint8 or w_raw.numel() != n_out * rb or not w_raw.is_contiguous():
-        raise ValueError(f"MMA GEMV: weights must be contiguous uint8 with {n_out * rb} bytes, "
-                         f"got {w_raw.dtype} {tuple(w_raw.shape)}")
-    if (q.dtype != torch.int8 or q.shape != (n, k) or not q.is_contiguous()
-            or d.dtype != torch.float32 or d.numel() != n * (k // 32) or not d.is_contiguous()
-            or s16.dtype != torch.int32 or s16.numel() != n * (k // 16) or not s16.is_contiguous()):
-        raise ValueError("MMA GEMV: activation buffers do not match QuantAct layout 0 [N, K]")
-    if (out.dtype != torch.float32 or out.numel() != n * n_out or not out.is_contiguous()
-            or out.device != dev or q.device != dev):
-        raise ValueError(f"MMA GEMV: out must be contiguous fp32 [{n}, {n_out}] on {dev}")
-    if q.data_ptr() % 16 or w_raw.data_ptr() % 16:
-        raise ValueError("MMA GEMV: activation q and weights must be 16-byte aligned")
+    check_operands("MMA GEMV", act, w_raw, int(n_out), out, rb)
+    if w_raw.data_ptr() % 16:
+        raise ValueError("MMA GEMV: weights must be 16-byte aligned")
     stream = _rt.stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
     pw, pq, pd, ps, py = (w_raw.data_ptr(), q.data_ptr(), d.data_ptr(), s16.data_ptr(),
                           out.data_ptr())
