@@ -1,14 +1,16 @@
-"""A/B on the device: CUDA GEMV "auto" (register-fed, gemv_cuda) vs the bulk-copy-staged kernel
-(gemv_tma, opt-in), activations quantized ONCE outside the timed graph (as in the decode step,
-where one quantization feeds several matrices), weight sets rotated so L2 does not help.
+"""The GEMV kernels alone on the device: CUDA GEMV "auto" (gemv_cuda) and, with --mma, the
+tensor-core kernel (gemv_mma), activations quantized ONCE outside the timed graph (as in the decode
+step, where one fused quantization feeds several matrices; bench/gemv.py's "cu" rows launch one
+quantization per matrix), weight sets rotated so L2 does not help.
 
-    python3 bench/gemv_tma_ab.py [--formats Q4_K,Q5_K,Q6_K,IQ4_XS,Q8_0] [--shapes ffn,kv]
-        [--ns 1,8] [--configs 3x1536,2x2048,4x1024] [--out DIR]
+    python3 bench/gemv_alone.py [--formats Q4_K,Q5_K,Q6_K,IQ4_XS,Q8_0] [--shapes ffn,kv]
+        [--ns 1,8] [--mma] [--out DIR]
 
-Each config is STAGESxCHUNK_BYTES. Correctness first: every (format, shape, N, config) result on
-128 random rows vs the float64 product of the dequantized weights and the dequantized int8 x
-(relative error must be < 1e-4), output poisoned with NaN. Last: a table of µs and % of the copy
-bandwidth measured in the same run."""
+(Session 5 call 2 ran this script as bench/gemv_tma_ab.py, with a cp.async.bulk-staged kernel as
+the second column: 10-40 % slower everywhere, removed; bench/NOTES.md.) Correctness first: every
+(format, shape, N, kernel) result on 128 random rows vs the float64 product of the dequantized
+weights and the dequantized int8 x (relative error must be < 1e-4), output poisoned with NaN.
+Last: a table of µs and % of the copy bandwidth measured in the same run."""
 from __future__ import annotations
 
 import argparse
@@ -26,19 +28,18 @@ from gemv import SHAPES, copy_bw, graph_time, rand_weights  # noqa: E402
 
 from tightfit.kernels.gemv import MACRO_BYTES, gemv_ref, type_id  # noqa: E402
 from tightfit.kernels.gemv_cuda import gemv_cuda  # noqa: E402
-from tightfit.kernels.gemv_tma import gemv_tma  # noqa: E402
 from tightfit.kernels.quantize_act import quantize_act, quantize_act_ref  # noqa: E402
 
 
 def run_impl(impl, act, w, t, n_out, out):
     if impl == "auto":
         return gemv_cuda(act, w, t, n_out, out)
-    st, cb = impl
-    return gemv_tma(act, w, t, n_out, out, stages=st, chunk_bytes=cb)
+    from tightfit.kernels.gemv_mma import gemv_mma
+    return gemv_mma(act, w, t, n_out, out)
 
 
 def name(impl):
-    return impl if isinstance(impl, str) else f"tma{impl[0]}x{impl[1]}"
+    return impl
 
 
 def main() -> int:
@@ -46,10 +47,10 @@ def main() -> int:
     ap.add_argument("--formats", default="Q4_K,Q5_K,Q6_K,IQ4_XS,Q8_0")
     ap.add_argument("--shapes", default="ffn,kv")
     ap.add_argument("--ns", default="1,8")
-    ap.add_argument("--configs", default="3x1536,2x2048,4x1024")
+    ap.add_argument("--mma", action="store_true", help="also the tensor-core kernel (gemv_mma)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
-    impls = ["auto"] + [tuple(int(v) for v in c.split("x")) for c in a.configs.split(",") if c]
+    impls = ["auto"] + (["mma"] if a.mma else [])
     ns = [int(n) for n in a.ns.split(",")]
     shapes = [s for k in a.shapes.split(",") for s in SHAPES[k]]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -85,7 +86,7 @@ def main() -> int:
                 act = quantize_act(torch.randn(n, n_in, device="cuda"), 0)
                 outs = [torch.empty(n, n_out, device="cuda") for _ in range(sets)]
                 for impl in impls:
-                    def fn():
+                    def fn(impl=impl, ws=ws, outs=outs, act=act):
                         for wi, o in zip(ws, outs):
                             run_impl(impl, act, wi, t, n_out, o)
                     us = graph_time(fn) / sets * 1e3
@@ -93,7 +94,7 @@ def main() -> int:
                                      pct=100 * nbytes / (us * 1e-6) / 1e9 / bw))
             del ws
             torch.cuda.empty_cache()
-    with open(os.path.join(a.out, "gemv_tma_ab.jsonl"), "w") as fh:
+    with open(os.path.join(a.out, "gemv_alone.jsonl"), "w") as fh:
         for r in rows:
             fh.write(json.dumps(r) + "\n")
     print(f"copy bandwidth {bw:.0f} GB/s; checks bad: {bad}")
