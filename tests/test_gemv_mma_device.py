@@ -26,27 +26,16 @@ from tightfit.kernels import gemv_cuda as gc  # noqa: E402
 from tightfit.kernels import gemv_mma as gm  # noqa: E402
 from tightfit.kernels.quantize_act import quantize_act, quantize_act_ref  # noqa: E402
 from tightfit.quant.dequant import dequantize  # noqa: E402
-from tightfit.quant.traits import traits  # noqa: E402
+from tightfit.quant.traits import traits
+from _gpu_blocks import rand_weights  # noqa: E402
 
 pytestmark = [pytest.mark.gpu]
 
 NAMES = {8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 23: "IQ4_XS"}
 TYPES = list(NAMES)
-F16_FIELDS = {8: [0], 12: [0, 2], 13: [0, 2], 14: [208], 23: [0]}
 SHAPES = [(5120, 17408), (17408, 5120), (5120, 1024), (5120, 40), (2304, 300)]
 NS = [1, 2, 4, 5, 8, 11, 16]
 
-
-def rand_weights(t, n_out, n_in, seed):
-    tr = traits(t)
-    g = torch.Generator(device="cuda")
-    g.manual_seed(seed)
-    raw = torch.randint(0, 256, (n_out * (n_in // tr.block_size), tr.type_size), dtype=torch.uint8,
-                        device="cuda", generator=g)
-    for off in F16_FIELDS[t]:
-        sc = (torch.rand(raw.shape[0], device="cuda", generator=g) * 0.009 + 0.001).half()
-        raw[:, off:off + 2] = sc.view(torch.uint8).view(-1, 2)
-    return raw.view(-1)
 
 
 def check(t, n_in, n_out, ns, seed=0, config=None):

@@ -30,11 +30,11 @@ import numpy as np
 import pytest
 
 from tightfit.quant.traits import traits
+from _gpu_blocks import rand_weights  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TYPES = (12, 23, 8, 13, 14)               # Q4_K IQ4_XS Q8_0 Q5_K Q6_K
 NAMES = {12: "Q4_K", 23: "IQ4_XS", 8: "Q8_0", 13: "Q5_K", 14: "Q6_K"}
-F16_FIELDS = {8: [0], 23: [0], 12: [0, 2], 13: [0, 2], 14: [208]}
 A, B = 2048, 4352                          # B >= gemv_cuda.V3_MIN_OUT: v3 runs at N >= 2
 DIMS = [A, B, A, A, B, B, A, B, A, A, B, A, B, B, A, B, A]   # layer i: DIMS[i] -> DIMS[i + 1]
 DECOY_LAYER = 5
@@ -50,19 +50,6 @@ def _device_ok() -> str | None:
     except Exception:  # noqa: BLE001
         return "no cupy"
     return None
-
-
-def rand_weights(t, n_out, n_in, seed):
-    """Random GGUF blocks with their fp16 scale fields set to 1e-3..1e-2 (finite outputs)."""
-    tr = traits(t)
-    g = torch.Generator(device="cuda")
-    g.manual_seed(seed)
-    raw = torch.randint(0, 256, (n_out * (n_in // tr.block_size), tr.type_size), dtype=torch.uint8,
-                        device="cuda", generator=g)
-    for off in F16_FIELDS[t]:
-        sc = (torch.rand(raw.shape[0], device="cuda", generator=g) * 0.009 + 0.001).half()
-        raw[:, off:off + 2] = sc.view(torch.uint8).view(-1, 2)
-    return raw.view(-1)
 
 
 class Chain:
