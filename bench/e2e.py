@@ -55,68 +55,56 @@ def copy_bandwidth() -> float:
     return bw
 
 
-def bytes_per_token(exe, mf, depth: int) -> int:
+def bytes_per_token(exe, mf, depth: int, kv_row_bytes: int) -> int:
+    """kv_row_bytes: K + V bytes of one position of one attention block, as stored."""
     c = exe.config
     n = exe.weight_bytes
     n += sum(v.numel() * 4 for v in exe.vec.values())
     n += mf.gguf.tensors["token_embd.weight"].row_bytes if hasattr(
         mf.gguf.tensors["token_embd.weight"], "row_bytes") else 0
     n += 2 * len(c.recurrent_ids) * (c.conv_state_elems + c.ssm_state_elems) * 4   # read + write
-    n += 2 * len(c.attention_ids) * (depth + 1) * c.kv_dim * 2
+    n += len(c.attention_ids) * (depth + 1) * kv_row_bytes
     return int(n)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, default=None)
-    ap.add_argument("--ctx", type=int, default=33408)
-    ap.add_argument("--depths", default="0,8192,32768")
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--path", default="/tmp/seedmix.gguf")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    args = ap.parse_args()
-    res: dict = {"layers": args.layers or 64}
-    from tightfit.model.generate import make_model
-    from tightfit.api import open_model
+def fill_kv(st, depth: int) -> None:
+    """Random K/V rows 0..depth-1 in every attention block (no prefill): fp16 rows as they are,
+    a quantized cache through its quantize-on-write reference, in slices of 4096 rows."""
+    g = torch.Generator(device="cuda").manual_seed(depth)
+    for i in range(st.k.shape[0]):
+        if st.kv_type is None:
+            st.k[i, :depth].normal_(generator=g)
+            st.v[i, :depth].normal_(generator=g)
+            continue
+        from tightfit.kvquant.reference import write_rows
+        c = st.config
+        for a in range(0, depth, 4096):
+            n = min(4096, depth - a)
+            k = torch.randn(n, c.n_head_kv, c.head_dim, device="cuda", generator=g)
+            v = torch.randn(n, c.n_head_kv, c.head_dim, device="cuda", generator=g)
+            write_rows(st.k[i], st.v[i], a, k, v, st.kv_type)
+
+
+def run_kv_type(mf, kvt: str, args, bw: float, res: dict) -> dict:
+    """Load the model with KV cache type `kvt`, measure every depth, free it again."""
     from tightfit.model.executor import GPUModel
-
-    t0 = time.time()
-    if not Path(args.path).exists():
-        try:
-            make_model(args.path, preset="qwen3.8-27b-seedmix", layers=args.layers)
-            res["vocab"] = "real"
-        except Exception as e:  # noqa: BLE001 - the real vocabulary needs an extra package
-            print(f"real vocabulary unavailable ({e}); using a synthetic 248320-token vocabulary "
-                  "(same tensor bytes)", flush=True)
-            make_model(args.path, preset="qwen3.8-27b-seedmix", layers=args.layers,
-                       vocab="small:248320")
-            res["vocab"] = "small:248320"
-    res["generate_s"] = time.time() - t0
-    res["file_bytes"] = Path(args.path).stat().st_size
-    print(f"generated {res['file_bytes'] / 1e9:.2f} GB in {res['generate_s']:.1f}s", flush=True)
-    res["copy_bw"] = bw = copy_bandwidth()
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
-
-    mf = open_model(args.path)
     torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
-    exe = GPUModel.from_model_file(mf, device="cuda", n_ctx=args.ctx, lazy_check=True)
+    exe = GPUModel.from_model_file(mf, device="cuda", n_ctx=args.ctx, lazy_check=True,
+                                   kv_type=None if kvt == "f16" else kvt)
     torch.cuda.synchronize()
     res["load_s"] = time.time() - t0
     print(f"loaded in {res['load_s']:.1f}s, weights {exe.weight_bytes / 1e9:.2f} GB", flush=True)
     st = exe.new_state(args.ctx)
     res["state_bytes"] = st.nbytes()
-    V = exe.config.n_vocab
-    res["depth"] = {}
+    kv_row = (st.k[0, 0].numel() * st.k.element_size() + st.v[0, 0].numel() * st.v.element_size())
+    out = {}
     for depth in [int(d) for d in args.depths.split(",")]:
         if depth + 2 * args.tokens + 80 > args.ctx:
             continue
         st.reset()
         if depth:
-            g = torch.Generator(device="cuda").manual_seed(depth)
-            for i in range(st.k.shape[0]):
-                st.k[i, :depth].normal_(generator=g)
-                st.v[i, :depth].normal_(generator=g)
+            fill_kv(st, depth)
             st._set_pos(depth)
         t0 = time.time()
         exe.forward([1], st, logits="last")      # captures the graph of this mode
@@ -160,7 +148,7 @@ def main() -> int:
             exe.greedy(tok, st, args.tokens)
             torch.cuda.synchronize()
             greedy_tok_s = args.tokens / (time.perf_counter() - t1)
-        nb = bytes_per_token(exe, mf, depth)
+        nb = bytes_per_token(exe, mf, depth, kv_row)
         roof = nb / bw
         r = {"tok_s": 1 / wall, "ms_per_token": wall * 1e3, "gpu_ms_per_token": gpu * 1e3,
              "host_overhead_ms": (wall - gpu) * 1e3, "bytes_per_token": nb,
@@ -169,26 +157,71 @@ def main() -> int:
              "device_embedding": dev_embed}
         if args.layers and args.layers < 64:
             r["extrapolated_64L_note"] = "trunk scaled by 64/layers, head/embedding kept"
-        res["depth"][depth] = r
-        print(f"depth {depth}: {r['tok_s']:.1f} tok/s (device-fed greedy {greedy_tok_s}), "
+        out[depth] = r
+        print(f"[{kvt}] depth {depth}: {r['tok_s']:.1f} tok/s (device-fed greedy {greedy_tok_s}), "
               f"gpu {r['gpu_ms_per_token']:.2f} ms, "
               f"host overhead {r['host_overhead_ms']:.3f} ms, {r['pct_roofline']:.1f}% roofline",
               flush=True)
-    res["peak_vram"] = torch.cuda.max_memory_allocated()
+    res["peak_vram_" + kvt] = torch.cuda.max_memory_allocated()
     res["workspace_bytes"] = exe.workspace_bytes()
+    del st, exe
+    torch.cuda.empty_cache()
+    return out
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--ctx", type=int, default=33408)
+    ap.add_argument("--depths", default="0,8192,32768")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--path", default="/tmp/seedmix.gguf")
+    ap.add_argument("--kv-types", default="f16",
+                    help="comma list of KV cache types (f16, q8_0, tq3, tq4, <k>+<v>); one load each")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    res: dict = {"layers": args.layers or 64}
+    from tightfit.model.generate import make_model
+    from tightfit.api import open_model
+
+    t0 = time.time()
+    if not Path(args.path).exists():
+        try:
+            make_model(args.path, preset="qwen3.8-27b-seedmix", layers=args.layers)
+            res["vocab"] = "real"
+        except Exception as e:  # noqa: BLE001 - the real vocabulary needs an extra package
+            print(f"real vocabulary unavailable ({e}); using a synthetic 248320-token vocabulary "
+                  "(same tensor bytes)", flush=True)
+            make_model(args.path, preset="qwen3.8-27b-seedmix", layers=args.layers,
+                       vocab="small:248320")
+            res["vocab"] = "small:248320"
+    res["generate_s"] = time.time() - t0
+    res["file_bytes"] = Path(args.path).stat().st_size
+    print(f"generated {res['file_bytes'] / 1e9:.2f} GB in {res['generate_s']:.1f}s", flush=True)
+    res["copy_bw"] = bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+
+    mf = open_model(args.path)
+    res["kv"] = {}
+    for kvt in [t.strip() for t in args.kv_types.split(",") if t.strip()]:
+        res["kv"][kvt] = run_kv_type(mf, kvt, args, bw, res)
+    res["depth"] = res["kv"].get("f16") or next(iter(res["kv"].values()))
+    res["peak_vram"] = max(res["peak_vram_" + k] for k in res["kv"])
     free, total = torch.cuda.mem_get_info()
     res["device_used"] = total - free
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "e2e.json").write_text(json.dumps(res, indent=1, default=str))
     print("\n== tightfit decode, seed-mix 27B" + (f" ({args.layers}-layer slice)" if args.layers else "")
           + " ==")
-    print(f"{'depth':>6} {'tok/s':>8} {'llama.cpp':>9} {'ratio':>6} {'gpu ms':>7} {'host ms':>8} "
-          f"{'roof%':>6}")
-    for d, r in res["depth"].items():
-        ll = LLAMA.get(d)
-        print(f"{d:>6} {r['tok_s']:>8.1f} {ll or float('nan'):>9.1f} "
-              f"{r['tok_s'] / ll if ll else float('nan'):>6.2f} {r['gpu_ms_per_token']:>7.2f} "
-              f"{r['host_overhead_ms']:>8.3f} {r['pct_roofline']:>6.1f}")
+    print(f"{'kv':>8} {'depth':>6} {'tok/s':>8} {'llama.cpp':>9} {'ratio':>6} {'vs f16':>6} "
+          f"{'gpu ms':>7} {'host ms':>8} {'roof%':>6}")
+    f16 = res["kv"].get("f16", {})
+    for kvt, rows in res["kv"].items():
+        for d, r in rows.items():
+            ll = LLAMA.get(d)
+            rel = r["tok_s"] / f16[d]["tok_s"] if d in f16 else float("nan")
+            print(f"{kvt:>8} {d:>6} {r['tok_s']:>8.1f} {ll or float('nan'):>9.1f} "
+                  f"{r['tok_s'] / ll if ll else float('nan'):>6.3f} {rel:>6.3f} "
+                  f"{r['gpu_ms_per_token']:>7.2f} {r['host_overhead_ms']:>8.3f} {r['pct_roofline']:>6.1f}")
     print(f"copy bw {bw / 1e12:.2f} TB/s; peak VRAM {res['peak_vram'] / 2**30:.2f} GiB "
           f"(state {res['state_bytes'] / 2**30:.2f} GiB, workspace {res['workspace_bytes'] / 2**20:.1f} MiB); "
           f"generate {res['generate_s']:.0f}s, load {res['load_s']:.0f}s")

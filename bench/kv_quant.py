@@ -210,7 +210,7 @@ def bench_one(kv_type: str, T: int, dev, l2: int, bt: int, warps: int, stages: i
     return {"kv_type": kv_type, "T": T, "layers_in_graph": S, "cache_bytes": per,
             "attnq": os.environ.get("TIGHTFIT_ATTNQ_CFG", ""), "cuda_cfg": cfg,
             "extras": "" if kv_type == "f16" else AQ.extras_mode(),
-            "xcfg": os.environ.get(AQ.XCFG_ENV, ""), "pdl": os.environ.get("TIGHTFIT_PDL", "0"),
+            "xcfg": os.environ.get(AQ.XCFG_ENV, ""), "pdl": os.environ.get("TIGHTFIT_PDL", "1"),
             "piece_ms": piece_ms,
             "time_ms": t_ms, "GBps": per / (t_ms * 1e-3) / 1e9, "max_rel_err_vs_f64": err,
             "write_one_token_ms": w_ms, "n_chunks": nch, "chunk": chunk, "bt": bt,
@@ -255,7 +255,7 @@ def main() -> int:
     ap.add_argument("--xcfg", default="",
                     help="';'-separated TIGHTFIT_ATTNQ_XCFG values to sweep for extras=new, e.g. "
                          "';obn=64,onw=8;rc=64;qbn=16' ('' = attn_decode_q.XCFG)")
-    ap.add_argument("--pdl", default=os.environ.get("TIGHTFIT_PDL", "0"),
+    ap.add_argument("--pdl", default=os.environ.get("TIGHTFIT_PDL", "1"),
                     help="comma list of TIGHTFIT_PDL values (0,1), one row each")
     ap.add_argument("--pieces", action="store_true",
                     help="also time each launch of the quantized call alone (piece_ms)")

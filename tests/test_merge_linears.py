@@ -225,10 +225,13 @@ def test_placed_host_rows_never_merged(mixed, monkeypatch):
 
 
 @interp
-def test_off_by_default(mixed, monkeypatch):
+def test_on_by_default_off_with_env_0(mixed, monkeypatch):
     from tightfit.model.executor import GPUModel
     monkeypatch.delenv("TIGHTFIT_MERGE_LINEARS", raising=False)
     monkeypatch.setenv("TIGHTFIT_GEMV", "v1")
+    exe = GPUModel.from_model_file(mixed[1], device="cpu", n_ctx=48, use_triton=True)
+    assert exe.merge and exe.merged
+    monkeypatch.setenv("TIGHTFIT_MERGE_LINEARS", "0")
     exe = GPUModel.from_model_file(mixed[1], device="cpu", n_ctx=48, use_triton=True)
     assert not exe.merge and not exe.merged
 

@@ -26,6 +26,7 @@ CPU path); `attention_f64` is the float64 oracle for tests.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -37,6 +38,23 @@ from tightfit.kernels import pdl
 SINGLE_PASS_MAX = 1024       # cached tokens up to which one pass per KV head is used
 DEFAULT_CHUNK = 512          # rows per split-K chunk
 LOG2E = 1.4426950408889634
+
+#: launch configuration of the split-K pass (rows per tile, warps, software-pipeline stages;
+#: None = Triton's default). bench/attn_f16_sweep.py measures the alternatives on the device;
+#: TIGHTFIT_ATTN_F16_CFG="bt=64;nw=8;ns=3" overrides it (read at each call, for that A/B).
+SPLIT_CFG = {"bt": 32, "nw": 4, "ns": None}
+CFG_ENV = "TIGHTFIT_ATTN_F16_CFG"
+
+
+def split_cfg() -> dict:
+    cfg = dict(SPLIT_CFG)
+    for part in os.environ.get(CFG_ENV, "").replace(",", ";").split(";"):
+        if "=" in part:
+            k, v = (x.strip() for x in part.split("=", 1))
+            if k not in cfg:
+                raise ValueError(f"{CFG_ENV}: unknown key {k!r} (known: {sorted(cfg)})")
+            cfg[k] = int(v)
+    return cfg
 
 
 def rope_tables(n_ctx: int, n_rot: int, freq_base: float, rot_mask: torch.Tensor | None = None,
@@ -217,11 +235,12 @@ def make_workspace(n_head: int, head_dim: int, max_ctx: int, chunk: int = DEFAUL
 
 
 def attn_decode(q, kcache, vcache, qg, out, status, ws=None, n_chunks: int = 1,
-                chunk: int = DEFAULT_CHUNK, BT: int = 32):
+                chunk: int = DEFAULT_CHUNK, BT: int | None = None):
     """q [H, D] fp32 (normed, roped), caches [cap, Hkv, D] fp16, qg [H, 2D] (gate = second half)
     -> out [H, D] = softmax(qK^T/sqrt(D)) V * sigmoid(gate) over T = status[2] + 1 rows.
     n_chunks=1: single pass (any T, meant for T <= SINGLE_PASS_MAX); else split-K with
-    `ws = make_workspace(...)`, n_chunks = its chunk count, `chunk` rows each."""
+    `ws = make_workspace(...)`, n_chunks = its chunk count, `chunk` rows each. BT (rows per
+    tile) defaults to 32 single-pass and to SPLIT_CFG / TIGHTFIT_ATTN_F16_CFG split-K."""
     H, D = q.shape
     Hkv = kcache.shape[1]
     grp = H // Hkv
@@ -231,15 +250,17 @@ def attn_decode(q, kcache, vcache, qg, out, status, ws=None, n_chunks: int = 1,
     if n_chunks <= 1:
         dummy = out
         _attn_kernel[(Hkv, 1)](q, kcache, vcache, qg, out, dummy, dummy, dummy, status,
-                               Hkv, 1, 1 << 30, scale, D=D, GRP=grp, GP=GP, BT=BT, SPLIT=False,
+                               Hkv, 1, 1 << 30, scale, D=D, GRP=grp, GP=GP, BT=BT or 32, SPLIT=False,
                                PDL=on, launch_pdl=on, num_warps=4)
         return out
     m, l, acc = ws
     assert m.shape[1] >= n_chunks
     NCH = m.shape[1]
+    cfg = split_cfg()
+    extra = {} if cfg["ns"] is None else {"num_stages": cfg["ns"]}
     _attn_kernel[(Hkv, n_chunks)](q, kcache, vcache, qg, out, m, l, acc, status, Hkv, NCH, chunk,
-                                  scale, D=D, GRP=grp, GP=GP, BT=BT, SPLIT=True, PDL=on,
-                                  launch_pdl=on, num_warps=4)
+                                  scale, D=D, GRP=grp, GP=GP, BT=BT or cfg["bt"], SPLIT=True, PDL=on,
+                                  launch_pdl=on, num_warps=cfg["nw"], **extra)
     _reduce_kernel[(H,)](qg, out, m, l, acc, status, NCH, chunk, D=D, PDL=on, launch_pdl=on,
                          num_warps=2)
     return out

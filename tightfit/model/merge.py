@@ -23,7 +23,8 @@ alpha of a GDN block are not neighbours in tightfit.plan.buffers' carving order)
 allocated: packing the outputs without padding between them never needs more bytes than the
 aligned slots they came from, and the buffers in between keep their alignment.
 
-TIGHTFIT_MERGE_LINEARS=1 turns this on (off by default until it is measured on the device).
+On by default (the 27B step: 7.95 -> 7.82 ms, bench/RESULTS.md session 6); TIGHTFIT_MERGE_LINEARS=0
+turns it off.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ PART_ALIGN = 16
 
 
 def enabled() -> bool:
-    return os.environ.get("TIGHTFIT_MERGE_LINEARS", "0").strip() == "1"
+    return os.environ.get("TIGHTFIT_MERGE_LINEARS", "1").strip() != "0"
 
 
 def call_sites(cfg: Any) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
