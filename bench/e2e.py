@@ -111,8 +111,12 @@ def run_kv_type(mf, kvt: str, args, bw: float, res: dict) -> dict:
         exe.forward([2], st, logits="last")
         st.sync()
         cap_s = time.time() - t0
-        # host loop: greedy decode
+        # host loop: greedy decode (8 untimed steps first: the first replays after a capture
+        # pay one-time host costs, 0.66 ms per token over 64 tokens in session 6 call 4)
         tok = 3
+        for _ in range(8):
+            exe.step_token(tok, st, head=True)
+            tok = int(torch.argmax(exe.logits[0]))
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(args.tokens):

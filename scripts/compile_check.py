@@ -224,6 +224,12 @@ def scen_attention():
     _scn("attn single", A.attn_decode, q, kc, kc, qg, out, st)
     ws = A.make_workspace(H, D, 8192)
     _scn("attn split", A.attn_decode, q, kc, kc, qg, out, st, ws=ws, n_chunks=16)
+    # the even split-K configuration the device sweep picks (bench/attn_f16_sweep.py)
+    os.environ[A.CFG_ENV] = "bt=64;nw=8;ns=3;nl=32"
+    try:
+        _scn("attn split even", A.attn_decode, q, kc, kc, qg, out, st, ws=ws, n_chunks=16)
+    finally:
+        os.environ.pop(A.CFG_ENV, None)
 
     from tightfit.kernels import attn_decode_q as AQ
     from tightfit.kernels import kv_write_q as KW

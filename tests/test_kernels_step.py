@@ -135,3 +135,37 @@ def test_attn_decode(T, n_chunks, chunk):
     out2 = torch.empty_like(out)
     A.attn_decode_ref(q, kc, vc, qg, out2, st)
     _close(out2, want, 2e-6)
+
+
+@pytest.mark.parametrize("nl", [2, 3, 8])
+@pytest.mark.parametrize("T", [1, 20, 70, 96])
+def test_attn_decode_even_split(monkeypatch, T, nl):
+    """Split-K with nl programs per KV head sharing T evenly (rows per program computed on the
+    device from T, SPLIT_CFG nl > 0) against the float64 oracle, at positions where the rows
+    per program are below, at and above the chunk, and with more programs than T needs."""
+    monkeypatch.setenv(A.CFG_ENV, f"nl={nl}")
+    g = torch.Generator().manual_seed(T * 7 + nl)
+    H, Hkv, D, cap, chunk = 6, 2, 32, 96, 16
+    q = torch.randn(H, D, generator=g).to(DEV) * 2
+    kc = torch.randn(cap, Hkv, D, generator=g).to(torch.float16).to(DEV)
+    vc = torch.randn(cap, Hkv, D, generator=g).to(torch.float16).to(DEV)
+    qg = torch.randn(H, 2 * D, generator=g).to(DEV)
+    st = torch.tensor([0, 0, T - 1, 0], dtype=torch.int32, device=DEV)
+    out = torch.full((H, D), float("nan"), device=DEV)
+    ws = A.make_workspace(H, D, cap, chunk, device=DEV)
+    for t in ws:                 # a partial the reduce reads but no program wrote shows up
+        t.fill_(float("nan"))
+    A.attn_decode(q, kc, vc, qg, out, st, ws, n_chunks=A.n_chunks_for(cap, chunk), chunk=chunk,
+                  BT=16)
+    want = A.attention_f64(q.cpu(), kc[:T].cpu(), vc[:T].cpu(), qg[:, D:].cpu())
+    _close(out, want, 2e-6)
+
+
+def test_split_cfg_env(monkeypatch):
+    monkeypatch.setenv(A.CFG_ENV, "bt=64; nw=8 ;ns=3;nl=32")
+    assert A.split_cfg() == {"bt": 64, "nw": 8, "ns": 3, "nl": 32}
+    monkeypatch.setenv(A.CFG_ENV, "ns=0")                 # 0 = Triton's default stages
+    assert A.split_cfg()["ns"] is None
+    monkeypatch.setenv(A.CFG_ENV, "warps=8")
+    with pytest.raises(ValueError, match="unknown key"):
+        A.split_cfg()

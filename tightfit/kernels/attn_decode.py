@@ -39,10 +39,14 @@ SINGLE_PASS_MAX = 1024       # cached tokens up to which one pass per KV head is
 DEFAULT_CHUNK = 512          # rows per split-K chunk
 LOG2E = 1.4426950408889634
 
-#: launch configuration of the split-K pass (rows per tile, warps, software-pipeline stages;
-#: None = Triton's default). bench/attn_f16_sweep.py measures the alternatives on the device;
-#: TIGHTFIT_ATTN_F16_CFG="bt=64;nw=8;ns=3" overrides it (read at each call, for that A/B).
-SPLIT_CFG = {"bt": 32, "nw": 4, "ns": None}
+#: launch configuration of the split-K pass: rows per tile, warps, software-pipeline stages
+#: (None = Triton's default), and nl = programs per KV head (0: one per `chunk` rows, as many as
+#: the workspace has chunks; nl > 0: min(nl, n_chunks) programs sharing T evenly, rows per
+#: program computed on the device from T, at least min(chunk, MIN_ROWS)).
+#: bench/attn_f16_sweep.py measures the alternatives on the device;
+#: TIGHTFIT_ATTN_F16_CFG="bt=64;nw=8;ns=3;nl=32" overrides it (read at each call, for that A/B).
+SPLIT_CFG = {"bt": 32, "nw": 4, "ns": None, "nl": 0}
+MIN_ROWS = 128
 CFG_ENV = "TIGHTFIT_ATTN_F16_CFG"
 
 
@@ -54,6 +58,8 @@ def split_cfg() -> dict:
             if k not in cfg:
                 raise ValueError(f"{CFG_ENV}: unknown key {k!r} (known: {sorted(cfg)})")
             cfg[k] = int(v)
+    if cfg["ns"] == 0:                  # 0 = Triton's default stages, as None
+        cfg["ns"] = None
     return cfg
 
 
@@ -144,15 +150,19 @@ def qk_prep_ref(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, e
 def _attn_kernel(q_ptr, kc_ptr, vc_ptr, qg_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, status_ptr,
                  Hkv, NCH, CHUNK, qk_scale,
                  D: tl.constexpr, GRP: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
-                 SPLIT: tl.constexpr, PDL: tl.constexpr = False):
+                 SPLIT: tl.constexpr, PDL: tl.constexpr = False, EVEN: tl.constexpr = False,
+                 MINR: tl.constexpr = 128):
     kvh = tl.program_id(0)
     c = tl.program_id(1)
     if PDL:      # Hkv x n_chunks programs: one wave
         gdc_wait()
         gdc_launch_dependents()
     T = tl.load(status_ptr + 2) + 1
-    start = c * CHUNK
-    end = tl.minimum(start + CHUNK, T)
+    ch = CHUNK
+    if EVEN:
+        ch = _even_rows(T, tl.num_programs(1), CHUNK, BT, MINR)
+    start = c * ch
+    end = tl.minimum(start + ch, T)
     gi = tl.arange(0, GP)
     gm = gi < GRP
     heads = kvh * GRP + gi
@@ -196,14 +206,28 @@ def _attn_kernel(q_ptr, kc_ptr, vc_ptr, qg_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, 
 
 
 @triton.jit
+def _even_rows(T, NL, CHUNK, BT: tl.constexpr, MINR: tl.constexpr):
+    """Rows per split-K program when NL programs share T evenly: a multiple of BT, at least
+    min(CHUNK, MIN_ROWS); NL * rows >= T always. Computed on the device from T, so a captured
+    graph keeps all its programs busy at every position."""
+    ch = (T + NL - 1) // NL
+    ch = ((ch + BT - 1) // BT) * BT
+    return tl.maximum(ch, tl.minimum(CHUNK, MINR))
+
+
+@triton.jit
 def _reduce_kernel(qg_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, status_ptr, NCH, CHUNK,
-                   D: tl.constexpr, PDL: tl.constexpr = False):
+                   D: tl.constexpr, PDL: tl.constexpr = False, EVEN: tl.constexpr = False,
+                   NL=1, BT: tl.constexpr = 32, MINR: tl.constexpr = 128):
     h = tl.program_id(0)
     if PDL:      # H programs: one wave
         gdc_wait()
         gdc_launch_dependents()
     T = tl.load(status_ptr + 2) + 1
-    nv = (T + CHUNK - 1) // CHUNK
+    ch = CHUNK
+    if EVEN:
+        ch = _even_rows(T, NL, CHUNK, BT, MINR)
+    nv = (T + ch - 1) // ch
     d = tl.arange(0, D)
     M = float("-inf")
     for c in range(0, nv):
@@ -258,11 +282,14 @@ def attn_decode(q, kcache, vcache, qg, out, status, ws=None, n_chunks: int = 1,
     NCH = m.shape[1]
     cfg = split_cfg()
     extra = {} if cfg["ns"] is None else {"num_stages": cfg["ns"]}
-    _attn_kernel[(Hkv, n_chunks)](q, kcache, vcache, qg, out, m, l, acc, status, Hkv, NCH, chunk,
-                                  scale, D=D, GRP=grp, GP=GP, BT=BT or cfg["bt"], SPLIT=True, PDL=on,
-                                  launch_pdl=on, num_warps=cfg["nw"], **extra)
-    _reduce_kernel[(H,)](qg, out, m, l, acc, status, NCH, chunk, D=D, PDL=on, launch_pdl=on,
-                         num_warps=2)
+    even = cfg["nl"] > 0
+    nl = min(cfg["nl"], n_chunks) if even else n_chunks
+    bt = BT or cfg["bt"]
+    _attn_kernel[(Hkv, nl)](q, kcache, vcache, qg, out, m, l, acc, status, Hkv, NCH, chunk,
+                            scale, D=D, GRP=grp, GP=GP, BT=bt, SPLIT=True, PDL=on, EVEN=even,
+                            MINR=MIN_ROWS, launch_pdl=on, num_warps=cfg["nw"], **extra)
+    _reduce_kernel[(H,)](qg, out, m, l, acc, status, NCH, chunk, D=D, PDL=on, EVEN=even, NL=nl,
+                         BT=bt, MINR=MIN_ROWS, launch_pdl=on, num_warps=2)
     return out
 
 
