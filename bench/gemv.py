@@ -39,21 +39,15 @@ from tightfit.kernels.gemv import gemv, gemv_ref, type_id, type_name, MACRO_BYTE
 from tightfit.kernels.gemv2 import gemv2  # noqa: E402
 from tightfit.kernels.gemv2_layout import relayout_torch, V2_TYPES  # noqa: E402
 from tightfit.kernels.quantize_act import quantize_act_ref  # noqa: E402
+from tightfit.quant.traits import F16_SCALE_OFFSETS, traits  # noqa: E402
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 SHAPES = {"ffn": [(5120, 17408), (17408, 5120)], "kv": [(5120, 1024)],
           "attn": [(5120, 1024), (5120, 6144), (6144, 5120)],
           "other": [(5120, 10240), (5120, 12288)], "head": [(5120, 248320)]}
-# byte offsets of fp16 scale fields per block, and block bytes
-SCALES = {8: ([0], 34), 2: ([0], 18), 6: ([0], 22), 20: ([0], 18), 42: ([0], 18), 41: ([0], 18),
-          10: ([80, 82], 84), 11: ([108], 110), 12: ([0, 2], 144), 13: ([0, 2], 176),
-          14: ([208], 210), 23: ([0], 136), 35: ([64], 66), 16: ([0], 66), 17: ([0], 74),
-          22: ([0], 82), 18: ([0], 98), 21: ([0], 110)}
-
-
 def rand_weights(t, n_out, n_in, gen):
-    offs, bb = SCALES[t]
+    offs, bb = F16_SCALE_OFFSETS[t], traits(t).type_size
     nbytes = n_out * n_in // 256 * MACRO_BYTES[t]
     raw = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda", generator=gen)
     blk = raw.view(-1, bb)

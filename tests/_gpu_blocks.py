@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tightfit.quant.traits import traits
-
-# byte offsets of the fp16 scale fields of one block, per GGML type
-F16_FIELDS = {8: [0], 2: [0], 6: [0], 20: [0], 23: [0], 12: [0, 2], 13: [0, 2], 14: [208]}
+from tightfit.quant.traits import F16_SCALE_OFFSETS as F16_FIELDS, traits
 
 
 def rand_weights(t: int, n_out: int, n_in: int, seed: int, device: str = "cuda") -> torch.Tensor:

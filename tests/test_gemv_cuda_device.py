@@ -39,6 +39,20 @@ NAMES = {8: "Q8_0", 2: "Q4_0", 6: "Q5_0", 20: "IQ4_NL", 23: "IQ4_XS", 12: "Q4_K"
 TYPES = list(NAMES)
 SHAPES = [(5120, 17408), (17408, 5120), (5120, 1024), (5120, 48), (6144, 5120)]
 NS = [1, 2, 4, 8, 11, 16]
+# the 2-3-bit, 1-bit and ternary formats: the FFN and attention shapes, N = 1, 2, 4, 8, 16
+LOWBIT = {10: "Q2_K", 11: "Q3_K", 16: "IQ2_XXS", 17: "IQ2_XS", 22: "IQ2_S", 18: "IQ3_XXS",
+          21: "IQ3_S", 34: "TQ1_0", 35: "TQ2_0", 41: "Q1_0", 42: "Q2_0"}
+NAMES.update(LOWBIT)
+LOWBIT_SHAPES = [(5120, 17408), (17408, 5120), (5120, 1024)]
+
+
+def dequant_rows(raw, t, n_rows, n_in):
+    """float64 rows: gguf-py's dequantizer where the installed version has the type, else
+    tightfit's reference (checked against gguf-py wherever gguf-py has the type, in CI)."""
+    if traits(t).gguf_dequant:
+        return gg_dequantize(raw, gguf.GGMLQuantizationType(t)).astype(np.float64).reshape(n_rows, n_in)
+    from tightfit.quant.dequant import dequantize
+    return np.asarray(dequantize(raw.reshape(-1), t, (n_rows, n_in)), np.float64).reshape(n_rows, n_in)
 
 
 
@@ -49,7 +63,7 @@ def check(t, n_in, n_out, ns, seed=0):
     sel = np.unique(np.concatenate([rng.choice(n_out, size=min(48, n_out), replace=False),
                                     np.arange(max(0, n_out - 3), n_out)]))
     wsel = w.view(n_out, rb)[torch.from_numpy(sel).cuda()].cpu().numpy()
-    W = gg_dequantize(wsel, gguf.GGMLQuantizationType(t)).astype(np.float64).reshape(len(sel), n_in)
+    W = dequant_rows(wsel, t, len(sel), n_in)
     for n in ns:
         x = torch.randn(n, n_in, device="cuda")
         out = torch.full((n, n_out), float("nan"), device="cuda")
@@ -78,6 +92,12 @@ def check(t, n_in, n_out, ns, seed=0):
 @pytest.mark.parametrize("t", TYPES, ids=NAMES.get)
 def test_device_shapes(t, shape):
     check(t, *shape, NS, seed=t * 7 + shape[1])
+
+
+@pytest.mark.parametrize("shape", LOWBIT_SHAPES, ids=lambda s: f"{s[0]}to{s[1]}")
+@pytest.mark.parametrize("t", list(LOWBIT), ids=LOWBIT.get)
+def test_device_shapes_lowbit(t, shape):
+    check(t, *shape, [1, 2, 4, 8, 16], seed=t * 7 + shape[1])
 
 
 def test_device_lm_head_q6k():

@@ -43,9 +43,11 @@ LOG2E = 1.4426950408889634
 #: (None = Triton's default), and nl = programs per KV head (0: one per `chunk` rows, as many as
 #: the workspace has chunks; nl > 0: min(nl, n_chunks) programs sharing T evenly, rows per
 #: program computed on the device from T, at least min(chunk, MIN_ROWS)).
-#: bench/attn_f16_sweep.py measures the alternatives on the device;
-#: TIGHTFIT_ATTN_F16_CFG="bt=64;nw=8;ns=3;nl=32" overrides it (read at each call, for that A/B).
-SPLIT_CFG = {"bt": 32, "nw": 4, "ns": None, "nl": 0}
+#: bench/attn_f16_sweep.py measures the alternatives on the device: 32 programs per KV head,
+#: 64-row tiles, 4 warps, 3 stages beat one program per 512-row chunk (32 rows, 4 warps) at 8K /
+#: 32K / 128K by 1.13x / 1.09x / 1.61x per layer (bench/RESULTS.md session 6, call 5).
+#: TIGHTFIT_ATTN_F16_CFG="bt=32;nw=4;ns=0;nl=0" (the former launch) overrides it, for A/Bs.
+SPLIT_CFG = {"bt": 64, "nw": 4, "ns": 3, "nl": 32}
 MIN_ROWS = 128
 CFG_ENV = "TIGHTFIT_ATTN_F16_CFG"
 

@@ -54,6 +54,15 @@ _TABLE = [
     ("TF_T3_64", 3064, 64, 15), ("TF_T3_128", 3128, 128, 28), ("TF_T3_256", 3256, 256, 54),
 ]
 
+# Byte offsets of the fp16 scale fields (d, dmin) inside one block of each quantized type the GPU
+# GEMV reads (spec/quant-formats.md block layouts): random test blocks set these to small finite
+# scales so that random bytes make finite, well-scaled weights.
+F16_SCALE_OFFSETS = {
+    8: (0,), 2: (0,), 6: (0,), 20: (0,), 23: (0,), 41: (0,), Q2_0: (0,),
+    10: (80, 82), 11: (108,), 12: (0, 2), 13: (0, 2), 14: (208,),
+    16: (0,), 17: (0,), 18: (0,), 21: (0,), 22: (0,), 34: (52,), 35: (64,),
+}
+
 # Ids a reader must reject with a reason rather than "unknown" (spec §1).
 _RETIRED = {4: "Q4_2", 5: "Q4_3", 31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8_8",
             36: "IQ4_NL_4_4", 37: "IQ4_NL_4_8", 38: "IQ4_NL_8_8"}
