@@ -169,6 +169,18 @@ def test_launch_config():
                 assert c["smem"] + 1024 <= C.smem_sm_for(arch)
 
 
+def test_launch_count_capped(monkeypatch):
+    """Split-K CTAs per KV head: the chunk count up to MAX_LAUNCH, whatever context the state was
+    made for (rows per CTA come from T on the device); TIGHTFIT_ATTNQ_NL overrides it."""
+    monkeypatch.delenv(C.ENV_NL, raising=False)
+    assert C.n_launch_for(1, 257) == 1                   # single pass
+    assert C.n_launch_for(40, 40) == 40
+    assert C.n_launch_for(66, 66) == C.MAX_LAUNCH == 64  # a 33K-position state
+    assert C.n_launch_for(257, 257) == 64                # a 128K-position state
+    monkeypatch.setenv(C.ENV_NL, "132")
+    assert C.n_launch_for(257, 257) == 132 and C.n_launch_for(66, 66) == 66
+
+
 def test_shape_gate():
     f = get_format
     assert C.shape_ok(f("tq3"), f("tq3"), 24, 4, 256)

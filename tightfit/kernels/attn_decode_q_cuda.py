@@ -114,12 +114,20 @@ def _choose(kb, kg, vb, vg, D, n_ctas, n_sm, smem_sm, _nst_env) -> int:
     return best
 
 
+#: split-K CTAs per KV head at most, whatever the context the graph was captured for: the rows
+#: per CTA come from T on the device, so a state made for 128K positions launched 257 CTAs per head
+#: and merged 257 partials even at T = 8K (session 6 call 6: q8_0 / tq3 decode 5-8 % slower at 8K
+#: and 32K with max_ctx 131584 than with 33408). 64 is what the 32K per-layer figures used.
+MAX_LAUNCH = 64
+
+
 def n_launch_for(n_chunks: int, nch: int) -> int:
-    """Chunks launched: n_chunks, or TIGHTFIT_ATTNQ_NL (capped by the workspace's nch)."""
+    """Chunks launched: min(n_chunks, MAX_LAUNCH), or TIGHTFIT_ATTNQ_NL (capped by the
+    workspace's nch)."""
     env = os.environ.get(ENV_NL)
     if env and n_chunks > 1:
         return max(2, min(nch, int(env)))
-    return n_chunks
+    return min(n_chunks, MAX_LAUNCH) if n_chunks > 1 else n_chunks
 
 
 def shape_ok(kf, vf, H: int, Hkv: int, D: int) -> bool:
