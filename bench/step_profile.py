@@ -1,6 +1,7 @@
 """Where the decode step's time goes: per-kernel GPU time of the captured token step (issue 7).
 
-    python3 bench/step_profile.py [--path /tmp/seedmix.gguf] [--depth 0] [--steps 8] [--out DIR]
+    python3 bench/step_profile.py [--path /tmp/seedmix.gguf] [--depth 0] [--steps 8]
+                                  [--kv-type f16|q8_0|tq3|...] [--out DIR]
 
 Generates the seed-mix 27B if the file is missing (as bench/e2e.py), captures the step's CUDA graph,
 then records `--steps` graph replays under torch.profiler (CUPTI records the kernels inside graph
@@ -14,7 +15,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from tightfit.model.executor import GPUModel  # noqa: E402
 from tightfit.model.generate import make_model  # noqa: E402
 
 GROUPS = [("gemv", ("gemv", "gemm", "_reduce_kernel")), ("act-quant", ("prep", "quantize")),
-          ("attention", ("attn", "qk_prep", "rowmat", "kv")), ("gdn", ("gdn", "conv")),
+          ("attention", ("attn", "qk_prep", "rowmat", "kv", "merge_out", "qrot")), ("gdn", ("gdn", "conv")),
           ("norm/act", ("norm", "swiglu", "add", "commit")), ("embed/argmax", ("embed", "argmax"))]
 
 
@@ -44,6 +44,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--depth", type=int, default=0)
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--kv-type", default="f16", help="KV cache type (quantized: random rows "
+                    "written through the quantize-on-write reference, as bench/e2e.py)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     if not Path(a.path).exists():
@@ -54,13 +56,12 @@ def main() -> int:
                        vocab="small:248320")
     mf = open_model(a.path)
     ctx = a.depth + 64 + 8 * a.steps
-    exe = GPUModel.from_model_file(mf, device="cuda", n_ctx=ctx, lazy_check=True)
+    exe = GPUModel.from_model_file(mf, device="cuda", n_ctx=ctx, lazy_check=True,
+                                   kv_type=None if a.kv_type == "f16" else a.kv_type)
     st = exe.new_state(ctx)
     if a.depth:
-        g = torch.Generator(device="cuda").manual_seed(1)
-        for i in range(st.k.shape[0]):
-            st.k[i, :a.depth].normal_(generator=g)
-            st.v[i, :a.depth].normal_(generator=g)
+        from e2e import fill_kv
+        fill_kv(st, a.depth)
         st._set_pos(a.depth)
     exe.forward([1], st, logits="last")       # compile + capture
     exe.forward([2], st, logits="last")
