@@ -41,7 +41,8 @@ PART_ALIGN = 16
 
 
 def enabled() -> bool:
-    return os.environ.get("TIGHTFIT_MERGE_LINEARS", "1").strip() != "0"
+    v = os.environ.get("TIGHTFIT_MERGE_LINEARS", "1").strip().lower()
+    return v not in ("0", "false", "off", "no")
 
 
 def call_sites(cfg: Any) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
