@@ -38,6 +38,45 @@ def group(name: str) -> str:
     return "other"
 
 
+def profile_replays(replay, steps: int, step_us: float) -> dict:
+    """Per-kernel GPU time of `steps` calls of `replay` (CUPTI sees the kernels inside graph
+    replays), per call; `step_us` is the event-timed duration of one call."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            replay()
+        torch.cuda.synchronize()
+    per = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = per[e.name]
+            k[0] += 1
+            k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    rows = sorted(((n, c / steps, us / steps) for n, (c, us) in per.items()), key=lambda r: -r[2])
+    ksum = sum(r[2] for r in rows)
+    groups = defaultdict(lambda: [0.0, 0.0])
+    for n, c, us in rows:
+        groups[group(n)][0] += us
+        groups[group(n)][1] += c
+    return {"step_us": step_us, "kernel_sum_us": ksum, "gaps_us": step_us - ksum,
+            "launches_per_step": sum(r[1] for r in rows),
+            "kernels": [{"name": n[:160], "calls": c, "us": us} for n, c, us in rows],
+            "groups": {g: {"us": v[0], "calls": v[1]} for g, v in groups.items()}}
+
+
+def print_profile(res: dict, what: str, top: int = 30) -> None:
+    step_us = res["step_us"]
+    print(f"{what} {step_us:.0f} us (graph replay), kernels {res['kernel_sum_us']:.0f} us, gaps "
+          f"{res['gaps_us']:.0f} us, {res['launches_per_step']:.0f} kernels/{what}")
+    print(f"{'group':<14} {'us':>9} {'share':>6} {'calls':>6}")
+    for g, v in sorted(res["groups"].items(), key=lambda x: -x[1]["us"]):
+        print(f"{g:<14} {v['us']:>9.0f} {v['us'] / step_us * 100:>5.1f}% {v['calls']:>6.0f}")
+    print(f"{'kernel':<60} {'calls':>6} {'us':>9} {'us/call':>8}")
+    for k in res["kernels"][:top]:
+        print(f"{k['name'][:60]:<60} {k['calls']:>6.0f} {k['us']:>9.0f} "
+              f"{k['us'] / max(k['calls'], 1):>8.1f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--path", default="/tmp/seedmix.gguf")
@@ -78,38 +117,12 @@ def main() -> int:
     ev[1].record()
     torch.cuda.synchronize()
     step_us = ev[0].elapsed_time(ev[1]) * 1e3 / a.steps
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(a.steps):
-            graph.replay()
-        torch.cuda.synchronize()
-    per = defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            k = per[e.name]
-            k[0] += 1
-            k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    rows = sorted(((n, c / a.steps, us / a.steps) for n, (c, us) in per.items()),
-                  key=lambda r: -r[2])
-    ksum = sum(r[2] for r in rows)
-    groups = defaultdict(lambda: [0.0, 0.0])
-    for n, c, us in rows:
-        groups[group(n)][0] += us
-        groups[group(n)][1] += c
-    res = {"step_us": step_us, "kernel_sum_us": ksum, "gaps_us": step_us - ksum,
-           "launches_per_step": sum(r[1] for r in rows), "depth": a.depth,
-           "kernels": [{"name": n[:160], "calls": c, "us": us} for n, c, us in rows],
-           "groups": {g: {"us": v[0], "calls": v[1]} for g, v in groups.items()}}
+    res = profile_replays(graph.replay, a.steps, step_us)
+    res["depth"] = a.depth
+    res["kv_type"] = a.kv_type
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / f"step_profile_d{a.depth}.json").write_text(json.dumps(res, indent=1))
-    print(f"step {step_us:.0f} us (graph replay), kernels {ksum:.0f} us, gaps {step_us - ksum:.0f}"
-          f" us, {res['launches_per_step']:.0f} kernels/step")
-    print(f"{'group':<14} {'us/step':>9} {'share':>6} {'calls':>6}")
-    for g, (us, c) in sorted(groups.items(), key=lambda x: -x[1][0]):
-        print(f"{g:<14} {us:>9.0f} {us / step_us * 100:>5.1f}% {c:>6.0f}")
-    print(f"{'kernel':<60} {'calls':>6} {'us/step':>9} {'us/call':>8}")
-    for n, c, us in rows[:30]:
-        print(f"{n[:60]:<60} {c:>6.0f} {us:>9.0f} {us / max(c, 1):>8.1f}")
+    (Path(a.out) / f"step_profile_{a.kv_type}_d{a.depth}.json").write_text(json.dumps(res, indent=1))
+    print_profile(res, "step")
     return 0
 
 

@@ -22,7 +22,8 @@ for step in "$@"; do
   [ $t -gt $left ] && t=$left
   export D=$OUT/res/$name; mkdir -p "$D"
   s=$(date +%s)
-  timeout -k 5 $t bash -c "$cmd" > "$D/log.txt" 2>&1; rc=$?
+  # pipefail: "pytest ... | tail" reports pytest's status, not tail's (session 6 lost a result so)
+  timeout -k 5 $t bash -o pipefail -c "$cmd" > "$D/log.txt" 2>&1; rc=$?
   el=$(( $(date +%s) - s ))
   echo "===== $name rc=$rc ${el}s (limit ${t}s)"; tail -n 30 "$D/log.txt" | cut -c1-220
   SUMMARY+="$name: rc=$rc ${el}s"$'\n'

