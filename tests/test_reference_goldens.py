@@ -23,11 +23,18 @@ import numpy as np
 import pytest
 import torch
 
-# The golden files' bytes include the shared vocabulary fixture and chat template: without the
-# shared folder the regenerated files cannot match what llama.cpp saw.
-_SHARED = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared"
-pytestmark = pytest.mark.skipif(not (_SHARED / "fixtures" / "Qwen3.5-4B.jinja").exists(),
-                                reason=f"shared fixtures (vocabulary, chat template) not found at {_SHARED}")
+# The golden files' bytes include the shared vocabulary fixture and chat template: without them
+# (the shared folder, or TIGHTFIT_VOCAB_FIXTURE / TIGHTFIT_CHAT_TEMPLATE where a copy was carried,
+# as on the device) the regenerated files cannot match what llama.cpp saw.
+def _fixtures_found() -> bool:
+    from tightfit.model.generate import shared_file
+    return (shared_file("fixtures/Qwen3.5-4B.jinja", env="TIGHTFIT_CHAT_TEMPLATE") is not None
+            and shared_file("fixtures/ggml-vocab-qwen35.gguf", env="TIGHTFIT_VOCAB_FIXTURE")
+            is not None)
+
+
+pytestmark = pytest.mark.skipif(not _fixtures_found(),
+                                reason="shared fixtures (vocabulary, chat template) not found")
 
 
 GOLDENS = Path(__file__).resolve().parent / "goldens"

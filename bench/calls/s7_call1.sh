@@ -1,13 +1,14 @@
 #!/bin/bash
-# Next session, device call 1 (seed-mix 27B generated on the device): what is left of issues 6, 10, 11.
-#  - issue 6: the GEMV device test at every listed shape and the table at every shape, one run;
-#  - issue 11: the quantized-KV device tests (lost in session 6 call 1) and per-kernel profiles of
-#    the step with f16 and tq3 caches (tq3 costs a fixed ~0.46 ms per token);
-#  - issue 10: where a verify round's 19-20 ms go (GPU graph vs host), with and without gemv_mma.
-F=Q8_0,Q4_0,Q5_0,IQ4_NL,IQ4_XS,Q4_K,Q5_K,Q6_K,Q2_K,Q3_K,IQ2_XXS,IQ2_XS,IQ2_S,IQ3_XXS,IQ3_S,TQ1_0,TQ2_0,Q1_0,Q2_0
+# Next session, device call 1 (carry [".whl", ".tcache_in", ".fixtures"]; .fixtures holds copies of
+# ../shared/fixtures/Qwen3.5-4B.jinja and ggml-vocab-qwen35.gguf, which the golden files embed):
+# the device tests that close issues 6 and 7 and check issue 11's kernels.
+#  - issue 7: the GPU executor vs llama.cpp's logits on every golden file (every quant type, the
+#    27B-geometry 4-layer slice among them);
+#  - issue 6: the GEMV device test at every listed shape (5120->6144 / 10240 / 12288 added);
+#  - issue 11: the quantized-KV kernel tests (lost in session 6 call 1).
+export TIGHTFIT_CHAT_TEMPLATE=$PWD/.fixtures/Qwen3.5-4B.jinja
+export TIGHTFIT_VOCAB_FIXTURE=$PWD/.fixtures/ggml-vocab-qwen35.gguf
 exec bash bench/suite.sh 590 \
- "kvtests|80|python3 -m pytest -q tests/test_attn_decode_q_extras.py tests/test_kvquant_kernel.py tests/test_attn_decode_q_cuda.py 2>&1 | tail -5" \
- "gemvtest|120|python3 -m pytest -q tests/test_gemv_cuda_device.py 2>&1 | tail -5" \
- "gemv|140|python3 bench/gemv.py --impls cu --formats $F --check-shapes kv --check-ns 1,8 --shapes ffn,attn,other --ns 1,8 --budget 120 --out \$D | tail -70" \
- "prof|150|for kv in f16 tq3; do for d in 0 32768; do python3 bench/step_profile.py --kv-type \$kv --depth \$d --out \$D | head -14; done; done" \
- "verify|90|python3 bench/verify_profile.py --ms 1,5,8 --out \$D && TIGHTFIT_GEMV_MMA=1 python3 bench/verify_profile.py --ms 5,8 --out \$D | tail -4"
+ "goldens|240|python3 -m pytest -q -s tests/test_goldens_executor.py -k gpu 2>&1 | grep -E 'vs llama|passed|failed|Error' | tail -45" \
+ "gemvtest|150|python3 -m pytest -q tests/test_gemv_cuda_device.py 2>&1 | tail -5" \
+ "kvtests|120|python3 -m pytest -q tests/test_attn_decode_q_extras.py tests/test_kvquant_kernel.py tests/test_attn_decode_q_cuda.py 2>&1 | tail -5"
