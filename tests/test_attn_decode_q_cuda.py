@@ -11,13 +11,9 @@ V values are C[idx] * s rounded once to fp16 (C[idx] itself rounded first for th
 q and p split into fp16 hi + lo."""
 from __future__ import annotations
 
-import os  # noqa: E402
-import torch  # noqa: E402
+import _interp
 
-# Triton decides interpreter mode when a @triton.jit module is imported, and modules are imported
-# once per test session: without a GPU they must come in interpreted, as every kernel test expects
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+_interp.interpret_without_gpu()
 
 import math
 import os
@@ -30,10 +26,9 @@ import torch
 from tightfit.kernels import attn_decode_q as AQ
 from tightfit.kernels import attn_decode_q_cuda as C
 from tightfit.kvquant.formats import get_format, rotation_matrix, split_kv_type
-from tightfit.kvquant.reference import alloc_cache, attention_quant_f64, write_rows
+from _kv_cases import check_close, quant_kv_case as _case  # noqa: E402
 
 HERE = os.path.dirname(__file__)
-TOL = 2e-3
 CXX = shutil.which("g++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="needs g++")
 
@@ -53,24 +48,6 @@ def _build(tmp_root, kf, vf, D, nw=C.NW):
 @pytest.fixture(scope="module")
 def build_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("attn_q_host"))
-
-
-def _case(kv_type, H, Hkv, D, T, seed):
-    g = torch.Generator().manual_seed(seed)
-    k = torch.randn(T, Hkv, D, generator=g)
-    v = torch.randn(T, Hkv, D, generator=g)
-    k[..., 3] = k[..., 3] * 15 + 8
-    v[..., 5] *= 6
-    q = torch.randn(H, D, generator=g) * 0.5
-    qg = torch.randn(H, 2 * D, generator=g)
-    kn, vn = split_kv_type(kv_type)
-    kc, vc = alloc_cache(T + 3, Hkv, D, kn), alloc_cache(T + 3, Hkv, D, vn)
-    write_rows(kc, vc, 0, k[: T // 2], v[: T // 2], kv_type)
-    write_rows(kc, vc, T // 2, k[T // 2:], v[T // 2:], kv_type)
-    kc[T:] = 255                                  # rows past T are never read
-    vc[T:] = 255
-    ref = attention_quant_f64(q, kc, vc, T, kv_type, gate=qg[:, D:])
-    return q, kc, vc, qg, ref
 
 
 def _run_host(exe, tmp, kv_type, q, kc, vc, qg, T, n_chunks, chunk):
@@ -108,11 +85,6 @@ def _run_host(exe, tmp, kv_type, q, kc, vc, qg, T, n_chunks, chunk):
     return o * torch.sigmoid(qg[:, D:].double())
 
 
-def _check(out, ref):
-    err = (out - ref).abs().max().item()
-    assert err <= TOL * ref.abs().max().item(), f"max err {err:.3e} vs {ref.abs().max().item():.3e}"
-    return err / ref.abs().max().item()
-
 
 CASES = [  # kv_type, H, Hkv, D, T, (n_chunks, chunk)
     ("q8_0", 12, 2, 256, 77, (3, 16)),
@@ -135,8 +107,8 @@ def test_host_emulated_kernel(build_dir, tmp_path, kv_type, H, Hkv, D, T, split)
     assert C.shape_ok(kf, vf, H, Hkv, D)
     exe = _build(build_dir, kf, vf, D)
     q, kc, vc, qg, ref = _case(kv_type, H, Hkv, D, T, seed=T)
-    _check(_run_host(exe, str(tmp_path / "a"), kv_type, q, kc, vc, qg, T, 1, 1 << 30), ref)
-    _check(_run_host(exe, str(tmp_path / "b"), kv_type, q, kc, vc, qg, T, *split), ref)
+    check_close(_run_host(exe, str(tmp_path / "a"), kv_type, q, kc, vc, qg, T, 1, 1 << 30), ref)
+    check_close(_run_host(exe, str(tmp_path / "b"), kv_type, q, kc, vc, qg, T, *split), ref)
 
 
 @pytest.mark.parametrize("kv_type,H,Hkv,D,T,split", [
@@ -147,8 +119,8 @@ def test_host_emulated_kernel_8_warps(build_dir, tmp_path, kv_type, H, Hkv, D, T
     kf, vf = (get_format(n) for n in split_kv_type(kv_type))
     exe = _build(build_dir, kf, vf, D, nw=8)
     q, kc, vc, qg, ref = _case(kv_type, H, Hkv, D, T, seed=T + 1)
-    _check(_run_host(exe, str(tmp_path / "a"), kv_type, q, kc, vc, qg, T, 1, 1 << 30), ref)
-    _check(_run_host(exe, str(tmp_path / "b"), kv_type, q, kc, vc, qg, T, *split), ref)
+    check_close(_run_host(exe, str(tmp_path / "a"), kv_type, q, kc, vc, qg, T, 1, 1 << 30), ref)
+    check_close(_run_host(exe, str(tmp_path / "b"), kv_type, q, kc, vc, qg, T, *split), ref)
 
 
 def test_launch_config():
@@ -203,4 +175,4 @@ def test_device_cuda_path(kv_type):
         out = torch.zeros(H, D, device="cuda")
         AQ.attn_decode_q(a[0], a[1], a[2], a[3], out, st, ws, n_chunks=n, chunk=256,
                          backend="cuda")
-        _check(out.double().cpu(), ref)
+        check_close(out.double().cpu(), ref)

@@ -9,28 +9,24 @@ weight (errors of order 1e-2 and up). Whole-call checks use TOL = 2e-3 of max |o
 (tests/test_kvquant_kernel.py: fp16 rounding of the K / V values inside the attention kernel)."""
 from __future__ import annotations
 
-import os
+import _interp
 
-import torch
-
-if not torch.cuda.is_available():             # kernels must be imported interpreted on a CPU
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+_interp.interpret_without_gpu()
 
 import pytest  # noqa: E402
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+import torch  # noqa: E402
 
 from tightfit.kernels import attn_decode_q as AQ  # noqa: E402
-from tightfit.kvquant.formats import rotation_matrix, split_kv_type  # noqa: E402
-from tightfit.kvquant.reference import alloc_cache, attention_quant_f64, write_rows  # noqa: E402
+from tightfit.kvquant.formats import rotation_matrix  # noqa: E402
+from _kv_cases import TOL, quant_kv_case  # noqa: E402
 
 # how the kernels were built (at attn_decode_q's import, maybe by another test module), not the
 # environment now: interpreted kernels need CPU tensors, compiled ones CUDA tensors
-INTERP = isinstance(AQ._attn_q_kernel, InterpretedFunction)
-DEV = "cpu" if INTERP else "cuda"
+INTERP = _interp.interpreted(AQ)
+DEV = _interp.device(AQ)
 pytestmark = pytest.mark.skipif(not INTERP and not torch.cuda.is_available(),
                                 reason="needs TRITON_INTERPRET=1 or a GPU")
 RTOL = 2e-5
-TOL = 2e-3
 
 
 def _close(got, ref, rtol):
@@ -127,19 +123,7 @@ def test_merge_out_single_pass_vs_f64(rot):
 
 
 def _case(kv_type, H, Hkv, D, T, seed):
-    g = torch.Generator().manual_seed(seed)
-    k = torch.randn(T, Hkv, D, generator=g)
-    v = torch.randn(T, Hkv, D, generator=g)
-    k[..., 3] = k[..., 3] * 15 + 8
-    v[..., 5] *= 6
-    q = torch.randn(H, D, generator=g) * 0.5
-    qg = torch.randn(H, 2 * D, generator=g)
-    kn, vn = split_kv_type(kv_type)
-    kc, vc = alloc_cache(T + 3, Hkv, D, kn), alloc_cache(T + 3, Hkv, D, vn)
-    write_rows(kc, vc, 0, k, v, kv_type)
-    kc[T:] = 255                                   # rows past T are never read
-    vc[T:] = 255
-    ref = attention_quant_f64(q, kc, vc, T, kv_type, gate=qg[:, D:])
+    q, kc, vc, qg, ref = quant_kv_case(kv_type, H, Hkv, D, T, seed)
     st = torch.tensor([0, 0, T - 1], dtype=torch.int32)
     return [t.to(DEV) for t in (q, kc, vc, qg, st)], ref
 

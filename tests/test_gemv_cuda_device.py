@@ -7,29 +7,21 @@ products / summation order only), vs the float activations 2e-2.
 """
 from __future__ import annotations
 
-import os  # noqa: E402
+import _interp
+
+_interp.interpret_without_gpu()
+
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Triton decides interpreter mode when a @triton.jit module is imported, and modules are imported
-# once per test session: without a GPU they must come in interpreted, as every kernel test expects
+pytest.importorskip("gguf")
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import numpy as np
-import pytest
-
-torch = pytest.importorskip("torch")
-gguf = pytest.importorskip("gguf")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device", allow_module_level=True)
+    pytest.skip("no CUDA device", allow_module_level=True)   # device-only module
 pytest.importorskip("cupy")
 
-from gguf.quants import dequantize as gg_dequantize  # noqa: E402
-
 from tightfit.kernels import gemv_cuda as gc  # noqa: E402
-from tightfit.kernels.quantize_act import quantize_act, quantize_act_ref  # noqa: E402
-from tightfit.quant.traits import traits
-from _gpu_blocks import rand_weights  # noqa: E402
+from tightfit.kernels.quantize_act import quantize_act  # noqa: E402
+from _gpu_blocks import check_graph_replay, gemv_errors, rand_weights  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gc.available(), reason="CUDA GEMV disabled (TIGHTFIT_GEMV)")]
@@ -48,44 +40,16 @@ NAMES.update(LOWBIT)
 LOWBIT_SHAPES = [s for s in SHAPES if s[1] != 48]
 
 
-def dequant_rows(raw, t, n_rows, n_in):
-    """float64 rows: gguf-py's dequantizer where the installed version has the type, else
-    tightfit's reference (checked against gguf-py wherever gguf-py has the type, in CI)."""
-    if traits(t).gguf_dequant:
-        return gg_dequantize(raw, gguf.GGMLQuantizationType(t)).astype(np.float64).reshape(n_rows, n_in)
-    from tightfit.quant.dequant import dequantize
-    return np.asarray(dequantize(raw.reshape(-1), t, (n_rows, n_in)), np.float64).reshape(n_rows, n_in)
-
-
-
 def check(t, n_in, n_out, ns, seed=0):
     w = rand_weights(t, n_out, n_in, seed)
-    rb = n_in // traits(t).block_size * traits(t).type_size
-    rng = np.random.default_rng(seed)
-    sel = np.unique(np.concatenate([rng.choice(n_out, size=min(48, n_out), replace=False),
-                                    np.arange(max(0, n_out - 3), n_out)]))
-    wsel = w.view(n_out, rb)[torch.from_numpy(sel).cuda()].cpu().numpy()
-    W = dequant_rows(wsel, t, len(sel), n_in)
     for n in ns:
         x = torch.randn(n, n_in, device="cuda")
         out = torch.full((n, n_out), float("nan"), device="cuda")
         act = quantize_act(x, 0)
-        y = gc.gemv_cuda(act, w, t, n_out, out).cpu().numpy()
-        assert not np.isnan(y).any(), f"{NAMES[t]} {n_in}->{n_out} N={n}: unwritten outputs"
-        xn = x.cpu().numpy()
-        # the kernel's own int8 activations (the device's rounding of exact ties may differ
-        # from the NumPy quantizer's by one step, ~1e-4 of the result): the oracle is the
-        # float64 product on the SAME quantized x; quantize_act has its own reference tests
-        q = act.q.cpu().numpy().astype(np.float64).reshape(n, n_in // 32, 32)
-        d = act.d.cpu().numpy().astype(np.float64).reshape(n, n_in // 32)
-        q_ref, _, _ = quantize_act_ref(xn)
-        assert np.abs(q_ref.reshape(q.shape) - q).max() <= 1, "device quantize_act drifted"
-        refq = (q * d[..., None]).reshape(n, n_in) @ W.T
-        ref = xn.astype(np.float64) @ W.T
-        ys = y[:, sel]
-        eq = np.linalg.norm(ys - refq) / np.linalg.norm(refq)
-        ef = np.linalg.norm(ys - ref) / np.linalg.norm(ref)
+        y = gc.gemv_cuda(act, w, t, n_out, out)
         what = f"{NAMES[t]} {n_in}->{n_out} N={n}"
+        assert not torch.isnan(y).any(), f"{what}: unwritten outputs"
+        eq, ef = gemv_errors(w, t, n_out, x, act, y, seed=seed)
         assert eq < 1e-4, f"{what}: {eq:.2e} vs quantized-x reference"
         assert ef < 2e-2, f"{what}: {ef:.2e} vs float reference"
 
@@ -123,31 +87,7 @@ def test_device_wpr(wpr):
 
 @pytest.mark.parametrize("t", [12, 14, 8], ids=NAMES.get)
 def test_cuda_graph_capture(t):
-    n_in, n_out, n = 5120, 1024, 4
-    w = rand_weights(t, n_out, n_in, 11)
-    x = torch.randn(n, n_in, device="cuda")
-    qa = quantize_act(x, 0)
-    out = torch.full((n, n_out), float("nan"), device="cuda")
-    gc.gemv_cuda(qa, w, t, n_out, out)               # warm-up: module + geometry cached
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            quantize_act(x, 0, out=qa)
-            gc.gemv_cuda(qa, w, t, n_out, out)
-    torch.cuda.current_stream().wait_stream(s)
-    for _ in range(2):
-        x.copy_(torch.randn(n, n_in, device="cuda"))
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        ref = gc.gemv_cuda(quantize_act(x, 0), w, t, n_out,
-                           torch.empty(n, n_out, device="cuda"))
-        torch.cuda.synchronize()
-        assert not torch.isnan(out).any()
-        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    check_graph_replay(gc.gemv_cuda, t, 4)
 
 
 def test_bad_inputs():

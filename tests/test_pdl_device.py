@@ -16,23 +16,20 @@ bitwise and against the float64 reference.
 """
 from __future__ import annotations
 
+import _interp
+
+_interp.interpret_without_gpu()
+
 import os  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Triton decides interpreter mode when a @triton.jit module is imported, and modules are imported
-# once per test session: without a GPU they must come in interpreted, as every kernel test expects
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from tightfit.quant.traits import traits  # noqa: E402
+from _gpu_blocks import capture, gemv_errors, rand_weights  # noqa: E402
+from _kv_cases import check_close, quant_kv_case  # noqa: E402
 
-import importlib.util
-
-import numpy as np
-import pytest
-
-from tightfit.quant.traits import traits
-from _gpu_blocks import rand_weights  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 TYPES = (12, 23, 8, 13, 14)               # Q4_K IQ4_XS Q8_0 Q5_K Q6_K
 NAMES = {12: "Q4_K", 23: "IQ4_XS", 8: "Q8_0", 13: "Q5_K", 14: "Q6_K"}
 A, B = 2048, 4352                          # B >= gemv_cuda.V3_MIN_OUT: v3 runs at N >= 2
@@ -50,6 +47,11 @@ def _device_ok() -> str | None:
     except Exception:  # noqa: BLE001
         return "no cupy"
     return None
+
+
+# device-only tests: sm_90 + cupy (CUDA GEMV / attention kernels); skipped elsewhere
+_WHY = _device_ok()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_WHY is not None, reason=_WHY or "")]
 
 
 class Chain:
@@ -98,52 +100,8 @@ class Chain:
         return [y.clone() for y in self.y]
 
 
-def _capture(fn):
-    fn()                                         # warm-up: modules compiled, geometry cached
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    return g
-
-
-def _ref_first_layer(ch: Chain, y0: np.ndarray):
-    """Relative errors of layer 0's output vs float64 products (sampled rows + the last ones)."""
-    import gguf
-    from gguf.quants import dequantize as gg_dequantize
-
-    from tightfit.kernels.quantize_act import quantize_act, quantize_act_ref
-    t, w, n_in, n_out = ch.layers[0]
-    rb = n_in // traits(t).block_size * traits(t).type_size
-    rng = np.random.default_rng(1)
-    sel = np.unique(np.concatenate([rng.choice(n_out, size=48, replace=False),
-                                    np.arange(n_out - 3, n_out)]))
-    wsel = w.view(n_out, rb)[torch.from_numpy(sel).cuda()].cpu().numpy()
-    W = gg_dequantize(wsel, gguf.GGMLQuantizationType(t)).astype(np.float64).reshape(len(sel), n_in)
-    act = quantize_act(ch.x, 0)                  # the int8 x the kernel saw (same device kernel)
-    q = act.q.cpu().numpy().astype(np.float64).reshape(ch.n, n_in // 32, 32)
-    d = act.d.cpu().numpy().astype(np.float64).reshape(ch.n, n_in // 32)
-    xn = ch.x.cpu().numpy()
-    q_ref, _, _ = quantize_act_ref(xn)
-    assert np.abs(q_ref.reshape(q.shape) - q).max() <= 1, "device quantize_act drifted"
-    refq = (q * d[..., None]).reshape(ch.n, n_in) @ W.T
-    ref = xn.astype(np.float64) @ W.T
-    ys = y0[:, sel]
-    return (np.linalg.norm(ys - refq) / np.linalg.norm(refq),
-            np.linalg.norm(ys - ref) / np.linalg.norm(ref))
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("n", [1, 4, 16])
 def test_gemv_chain_pdl_graph(n, monkeypatch):
-    why = _device_ok()
-    if why:
-        pytest.skip(why)
     from tightfit.kernels import gemv_cuda as gc
     if not gc.available():
         pytest.skip("CUDA GEMV disabled (TIGHTFIT_GEMV)")
@@ -159,7 +117,9 @@ def test_gemv_chain_pdl_graph(n, monkeypatch):
         want.append(ch.outputs())
     for y in want[1]:
         assert not torch.isnan(y).any()
-    eq, ef = _ref_first_layer(ch, want[1][0].cpu().numpy())
+    from tightfit.kernels.quantize_act import quantize_act
+    t0, w0, _, n_out0 = ch.layers[0]
+    eq, ef = gemv_errors(w0, t0, n_out0, ch.x, quantize_act(ch.x, 0), want[1][0], seed=1)
     assert eq < 1e-4, f"layer 0 ({NAMES[ch.layers[0][0]]}): {eq:.2e} vs quantized-x reference"
     assert ef < 2e-2, f"layer 0: {ef:.2e} vs float reference"
 
@@ -171,7 +131,7 @@ def test_gemv_chain_pdl_graph(n, monkeypatch):
             ch.run()
             for i, (a, b) in enumerate(zip(ch.outputs(), want[0])):
                 assert torch.equal(a, b), f"eager PDL: layer {i} differs"
-        g = _capture(ch.run)
+        g = capture(ch.run)
         for rep in (1, 0, 1):                    # new inputs every replay, all buffers poisoned
             ch.x.copy_(xs[rep])
             ch.poison()
@@ -184,27 +144,14 @@ def test_gemv_chain_pdl_graph(n, monkeypatch):
         del g
 
 
-def _attn_case_module():
-    spec = importlib.util.spec_from_file_location(
-        "_attn_q_cuda_cases", os.path.join(HERE, "test_attn_decode_q_cuda.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("kv_type", ["q8_0", "tq3", "q8_0+tq3"])
 def test_attn_q_cuda_pdl_graph(kv_type, monkeypatch):
-    why = _device_ok()
-    if why:
-        pytest.skip(why)
     from tightfit.kernels import attn_decode_q as AQ
     from tightfit.kernels import attn_decode_q_cuda as C
     if not C.available():
         pytest.skip("no cupy")
-    cases = _attn_case_module()
     H, Hkv, D, T = 24, 4, 256, 1500
-    q, kc, vc, qg, ref = cases._case(kv_type, H, Hkv, D, T, seed=7)
+    q, kc, vc, qg, ref = quant_kv_case(kv_type, H, Hkv, D, T, seed=7)
     ws = AQ.make_workspace(kv_type, H, D, 4096, 256, device="cuda")
     q_src, kc, vc, qg = (t.cuda() for t in (q, kc, vc, qg))
     st_src = torch.tensor([0, 0, T - 1], dtype=torch.int32, device="cuda")
@@ -221,7 +168,7 @@ def test_attn_q_cuda_pdl_graph(kv_type, monkeypatch):
         res = {}
         for mode in ("0", "1"):
             monkeypatch.setenv("TIGHTFIT_PDL", mode)
-            g = _capture(step)
+            g = capture(step)
             assert C.last_config.get("pdl") == (mode == "1")
             for _ in range(2):
                 q_in.fill_(float("nan"))
@@ -234,7 +181,7 @@ def test_attn_q_cuda_pdl_graph(kv_type, monkeypatch):
             del g
         assert not torch.isnan(res["1"]).any()
         assert torch.equal(res["0"], res["1"]), f"{kv_type} n_chunks={n_chunks}: PDL changes o"
-        cases._check(res["1"].double().cpu(), ref)
+        check_close(res["1"], ref)
 
 
 # ---------------------------------------------------------------- timing (not a test)
@@ -263,7 +210,7 @@ def bench(shapes=((5120, 1024), (5120, 17408), (17408, 5120)), types=(23, 13, 14
                     us = {}
                     for mode in ("0", "1"):
                         os.environ["TIGHTFIT_PDL"] = mode
-                        g = _capture(f)
+                        g = capture(f)
                         g.replay()
                         ts = []
                         for _ in range(reps):
