@@ -10,10 +10,10 @@ import time
 
 import httpx
 import pytest
-import torch
 
 from tightfit.runtime.sampler import SamplingParams
 from tightfit.tokenizer.parse import parse_assistant_output
+from _demo import demo_engine  # noqa: E402
 
 N_CTX = 256
 MAX_TOKENS = 6
@@ -26,12 +26,7 @@ JOBS = [("completion", "The sea", 3), ("completion", "The sea", 1001),
 
 @pytest.fixture(scope="module")
 def engine():
-    from tightfit.model.demo import demo_model_path
-    from tightfit.runtime.loader import load_engine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_engine(str(demo_model_path()), n_ctx=N_CTX)
-    torch.set_num_threads(threads)
+    yield from demo_engine(N_CTX)
 
 
 def _sampling(seed):

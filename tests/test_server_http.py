@@ -9,8 +9,8 @@ import time
 
 import httpx
 import pytest
-import torch
 from prometheus_client.parser import text_string_to_metric_families
+from _demo import demo_engine  # noqa: E402
 
 N_CTX = 512
 MSGS = [{"role": "user", "content": "Tell me a story."}]
@@ -18,12 +18,7 @@ MSGS = [{"role": "user", "content": "Tell me a story."}]
 
 @pytest.fixture(scope="module")
 def engine():
-    from tightfit.model.demo import demo_model_path
-    from tightfit.runtime.loader import load_engine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_engine(str(demo_model_path()), n_ctx=N_CTX)
-    torch.set_num_threads(threads)
+    yield from demo_engine(N_CTX)
 
 
 def _serve(engine=None, **kw):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-import torch
 
 from tightfit.tokenizer.parse import parse_assistant_output
+from _demo import demo_engine  # noqa: E402
 
 KEY = "test-key-123"
 N_CTX = 768
@@ -23,12 +23,7 @@ WEATHER = {"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def engine():
-    from tightfit.model.demo import demo_model_path
-    from tightfit.runtime.loader import load_engine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_engine(str(demo_model_path()), n_ctx=N_CTX)
-    torch.set_num_threads(threads)
+    yield from demo_engine(N_CTX)
 
 
 @pytest.fixture(scope="module")

@@ -5,23 +5,18 @@ expected cache positions come from the tokenizer and the template, not from the 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tightfit.errors import UserError
 from tightfit.runtime.sampler import GREEDY, SamplingParams
 from tightfit.runtime.session import PromptCache, Session
+from _demo import demo_engine  # noqa: E402
 
 N_CTX = 384
 
 
 @pytest.fixture(scope="module")
 def engine():
-    from tightfit.model.demo import demo_model_path
-    from tightfit.runtime.loader import load_engine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)   # tiny matrices: one thread is far faster on a busy 2-core machine
-    yield load_engine(str(demo_model_path()), n_ctx=N_CTX)
-    torch.set_num_threads(threads)
+    yield from demo_engine(N_CTX)
 
 
 def _run(events):

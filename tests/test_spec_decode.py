@@ -14,18 +14,14 @@ from scipy import stats
 
 from tightfit.runtime.sampler import GREEDY, SamplingParams, apply_penalties, filtered_distribution
 from tightfit.runtime.spec import SpecConfig, SpeculativeEngine, SuffixCache
+from _demo import demo_engine  # noqa: E402
 
 N_CTX = 640
 
 
 @pytest.fixture(scope="module")
 def engine():
-    from tightfit.model.demo import demo_model_path
-    from tightfit.runtime.loader import load_engine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_engine(str(demo_model_path()), n_ctx=N_CTX)
-    torch.set_num_threads(threads)
+    yield from demo_engine(N_CTX)
 
 
 def _run(events):

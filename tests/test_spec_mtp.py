@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tightfit.runtime.sampler import GREEDY
+from _demo import demo_engine  # noqa: E402
 
 N_CTX = 512
 
@@ -24,11 +25,7 @@ def mtp_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(mtp_path):
-    from tightfit.runtime.loader import load_engine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_engine(str(mtp_path), n_ctx=N_CTX)
-    torch.set_num_threads(threads)
+    yield from demo_engine(N_CTX, mtp_path)
 
 
 def _gguf_tensors(path):

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from tightfit.runtime.sampler import GREEDY
 from tightfit.runtime.spec import Draft, Policy, SpecConfig, SpeculativeEngine
 from tightfit.runtime.spec.policy import expected_tokens
+from _demo import demo_engine  # noqa: E402
 
 N_CTX = 640
 PROMPT = list(range(40, 90))
@@ -21,12 +21,7 @@ N_TOK = 200
 
 @pytest.fixture(scope="module")
 def engine():
-    from tightfit.model.demo import demo_model_path
-    from tightfit.runtime.loader import load_engine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_engine(str(demo_model_path()), n_ctx=N_CTX)
-    torch.set_num_threads(threads)
+    yield from demo_engine(N_CTX)
 
 
 @pytest.fixture(scope="module")
