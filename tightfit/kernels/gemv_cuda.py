@@ -290,6 +290,22 @@ def _chunks(n: int) -> list[tuple[int, int]]:
     return [(0, 8), (8, n - 8)] if n <= 16 else [(c, min(8, n - c)) for c in range(0, n, 8)]
 
 
+def check_type(who: str, qtype: int, is_supported) -> int:
+    """The type gate every raw-block GEMV entry point starts with (gemv_cuda, gemv_mma)."""
+    qtype = int(qtype)
+    if not is_supported(qtype):
+        raise ValueError(f"{who}: GGML type {qtype} not supported")
+    return qtype
+
+
+def layout0(who: str, act) -> tuple:
+    """(N, K, q, d, s16) of a layout-0 QuantAct (quantize_act), the activations every raw-block
+    GEMV (gemv_cuda, gemv_mma) reads."""
+    if getattr(act, "layout", None) != 0:
+        raise ValueError(f"{who} needs layout-0 activations, got layout {getattr(act, 'layout', None)}")
+    return int(act.n), int(act.k), act.q, act.d, act.s16
+
+
 def check_shape(who: str, qtype: int, act, dev: torch.device) -> int:
     """Shape checks of a raw-block GEMV launch (gemv_cuda, gemv_mma), made once per geometry;
     returns the bytes per weight row."""
@@ -329,13 +345,8 @@ def check_operands(who: str, act, w_raw: torch.Tensor, n_out: int, out: torch.Te
 def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
               config: dict | None = None) -> torch.Tensor:
     """out[N, n_out] (fp32) = x . W^T, x given as a layout-0 QuantAct (quantize_act)."""
-    qtype = int(qtype)
-    if not supported(qtype):
-        raise ValueError(f"CUDA GEMV: GGML type {qtype} not supported")
-    if getattr(act, "layout", None) != 0:
-        raise ValueError(f"CUDA GEMV needs layout-0 activations, got layout {getattr(act, 'layout', None)}")
-    n, k = int(act.n), int(act.k)
-    q, d, s16 = act.q, act.d, act.s16
+    qtype = check_type("CUDA GEMV", qtype, supported)
+    n, k, q, d, s16 = layout0("CUDA GEMV", act)
     dev = w_raw.device
     kern = _kern(config)
     pf = pdl_state(dev.index) if dev.type == "cuda" else None

@@ -38,7 +38,7 @@ import torch
 
 from tightfit.kernels import cuda_runtime as _rt
 from tightfit.kernels.cuda_source import CUDA_DIR, COMMON, source_hash
-from tightfit.kernels.gemv_cuda import check_operands, check_shape
+from tightfit.kernels.gemv_cuda import check_type, check_operands, check_shape, layout0
 
 MMA = "gemv_mma.cuh"
 THREADS = 256                       # TF_MMA_THREADS
@@ -160,13 +160,8 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
     config: {"ctas_per_sm": n} sizes the stream-K grid for n resident CTAs per SM (default 2);
     {"rt": 1|2} (or env TIGHTFIT_MMA_RT): 16-row tiles per warp at N <= 8 (default 2: each x
     fragment and column scale serves 32 rows; N > 8 chunks always run 1)."""
-    qtype = int(qtype)
-    if not supported(qtype):
-        raise ValueError(f"MMA GEMV: GGML type {qtype} not supported")
-    if getattr(act, "layout", None) != 0:
-        raise ValueError(f"MMA GEMV needs layout-0 activations, got layout {getattr(act, 'layout', None)}")
-    n, k = int(act.n), int(act.k)
-    q, d, s16 = act.q, act.d, act.s16
+    qtype = check_type("MMA GEMV", qtype, supported)
+    n, k, q, d, s16 = layout0("MMA GEMV", act)
     dev = w_raw.device
     gkey = (qtype, n, k, int(n_out), dev.index,
             None if config is None else tuple(sorted(config.items())))
