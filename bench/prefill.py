@@ -59,6 +59,8 @@ import torch  # noqa: E402
 
 LLAMA = {512: 2465.0, 4096: 2658.0}
 FULL_LAYERS = 64
+from timing import cuda_time  # noqa: E402 - bench/timing.py (the script's own folder)
+
 T0 = time.time()
 
 
@@ -66,16 +68,6 @@ def log(msg: str) -> None:
     print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
 
 
-def cuda_time(fn, reps: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    ev[0].record()
-    for _ in range(reps):
-        fn()
-    ev[1].record()
-    torch.cuda.synchronize()
-    return ev[0].elapsed_time(ev[1]) / 1e3 / reps
 
 
 def bf16_ceiling() -> float:

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from timing import cuda_time  # noqa: E402 - bench/timing.py
 from tightfit.api import open_model  # noqa: E402
 from tightfit.model.executor import GPUModel  # noqa: E402
 from tightfit.model.generate import make_model  # noqa: E402
@@ -107,16 +108,7 @@ def main() -> int:
     st.sync()
     mode = "single" if st.pos + 1 <= 1024 else "split"
     graph = st.graphs[(mode, True, False)]
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    ev[0].record()
-    for _ in range(a.steps):
-        graph.replay()
-    ev[1].record()
-    torch.cuda.synchronize()
-    step_us = ev[0].elapsed_time(ev[1]) * 1e3 / a.steps
+    step_us = cuda_time(graph.replay, a.steps, warmup=3) * 1e6
     res = profile_replays(graph.replay, a.steps, step_us)
     res["depth"] = a.depth
     res["kv_type"] = a.kv_type

@@ -15,41 +15,16 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from step_profile import print_profile, profile_replays  # noqa: E402
+from timing import cuda_time, wall_time  # noqa: E402
 from tightfit.api import open_model  # noqa: E402
 from tightfit.model.executor import GPUModel  # noqa: E402
 from tightfit.model.generate import make_model  # noqa: E402
-
-
-def event_us(fn, reps: int) -> float:
-    """Mean µs per call of `fn` (device work only), timed with CUDA events after 3 warm-ups."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    ev[0].record()
-    for _ in range(reps):
-        fn()
-    ev[1].record()
-    torch.cuda.synchronize()
-    return ev[0].elapsed_time(ev[1]) * 1e3 / reps
-
-
-def wall_ms(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3 / reps
 
 
 def main() -> int:
@@ -79,7 +54,7 @@ def main() -> int:
     mode = "single" if st.pos + 1 <= 1024 else "split"
     step = st.graphs[(mode, True, False)]
     res = {"depth": a.depth, "mma": os.environ.get("TIGHTFIT_GEMV_MMA", "0"),
-           "step_us": event_us(step.replay, a.reps), "blocks": {}}
+           "step_us": cuda_time(step.replay, a.reps, warmup=3) * 1e6, "blocks": {}}
     print(f"one-token step: {res['step_us']:.0f} us (graph replay)", flush=True)
     for M in ms:
         ids = [3 + i for i in range(M)]
@@ -88,18 +63,18 @@ def main() -> int:
         if vg is None:
             print(f"M={M}: no verify graph on this model/state (eager block path)")
             res["blocks"][M] = {"graph": False,
-                                "round_ms": wall_ms(lambda: exe.forward_block(ids, st), a.reps)}
+                                "round_ms": wall_time(lambda: exe.forward_block(ids, st), a.reps) * 1e3}
             continue
         bmode = "single" if st.pos + M <= 1024 else "split"
         g = vg._graph(st, M, bmode)
-        g_us = event_us(g.replay, a.reps)
-        fb_ms = wall_ms(lambda: exe.forward_block(ids, st), a.reps)
+        g_us = cuda_time(g.replay, a.reps, warmup=3) * 1e6
+        fb_ms = wall_time(lambda: exe.forward_block(ids, st), a.reps) * 1e3
 
         def round_():
             b = exe.forward_block(ids, st)
             for i in range(M):                    # what the speculative loop reads per round
                 int(np.argmax(b.row(i)))
-        rd_ms = wall_ms(round_, a.reps)
+        rd_ms = wall_time(round_, a.reps) * 1e3
         prof = profile_replays(g.replay, a.reps, g_us)
         res["blocks"][M] = {"graph": True, "graph_us": g_us, "forward_block_ms": fb_ms,
                             "round_ms": rd_ms, "profile": prof}
