@@ -59,7 +59,7 @@ import torch  # noqa: E402
 
 LLAMA = {512: 2465.0, 4096: 2658.0}
 FULL_LAYERS = 64
-from timing import cuda_time  # noqa: E402 - bench/timing.py (the script's own folder)
+from _timing import cuda_time  # noqa: E402 - bench/_timing.py (the script's own folder)
 
 T0 = time.time()
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from timing import cuda_time  # noqa: E402 - bench/timing.py
+from _timing import cuda_time  # noqa: E402 - bench/_timing.py
 from tightfit.api import open_model  # noqa: E402
 from tightfit.model.executor import GPUModel  # noqa: E402
 from tightfit.model.generate import make_model  # noqa: E402

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from step_profile import print_profile, profile_replays  # noqa: E402
-from timing import cuda_time, wall_time  # noqa: E402
+from _timing import cuda_time, wall_time  # noqa: E402
 from tightfit.api import open_model  # noqa: E402
 from tightfit.model.executor import GPUModel  # noqa: E402
 from tightfit.model.generate import make_model  # noqa: E402

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-BENCH = sorted((Path(__file__).resolve().parents[1] / "bench").glob("*.py"))
+# scripts only: bench/_*.py are helper modules the scripts import
+BENCH = sorted(p for p in (Path(__file__).resolve().parents[1] / "bench").glob("*.py")
+               if not p.name.startswith("_"))
 
 
 @pytest.mark.parametrize("script", BENCH, ids=[p.name for p in BENCH])

@@ -230,7 +230,8 @@ def test_device_choice_follows_kernels(order):
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    # the repository and tests/ (the modules import tests/_interp.py and tests/_kv_cases.py)
+    env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "tests"), env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, "-c", _IMPORT_ORDER_PROBE, *order], cwd=root, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
