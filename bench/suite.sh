@@ -11,6 +11,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed"
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=$PWD/.tcache
+# cupy's NVRTC binaries travel with the Triton cache (the GEMV modules compile once, not per call)
+export CUPY_CACHE_DIR=$PWD/.tcache/cupy
 mkdir -p .tcache "$OUT/res"
 if ls .tcache_in/tcache.tgz* >/dev/null 2>&1; then cat .tcache_in/tcache.tgz* | tar xzf - 2>/dev/null; fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv,noheader
@@ -29,6 +31,7 @@ for step in "$@"; do
   SUMMARY+="$name: rc=$rc ${el}s"$'\n'
 done
 tar czf "$OUT/results.tgz" -C "$OUT" res && rm -rf "$OUT/res"
+python3 scripts/prune_triton_cache.py .tcache
 # the device returns files of at most 16 MiB: the cache comes back in 15 MiB parts
 tar czf - .tcache 2>/dev/null | split -b 15m - "$OUT/tcache.tgz.part-"
 ls -la "$OUT"

@@ -89,8 +89,15 @@ def _load_raw(c_ptr, rowb, tm, j, D: tl.constexpr, BITS: tl.constexpr, G: tl.con
     fp16 block scale of those elements (block (SUB*j) // G) as fp32."""
     m2 = tm[:, None]
     base = c_ptr + rowb[:, None]
-    if BITS == 8 or BITS == 4:
+    # Rows are 2-byte aligned always (fp16 scales), 4-byte aligned only when their byte count is:
+    # tq4_128 at D = 128 has 66-byte rows, where an int32 load would fault (misaligned address).
+    RB4: tl.constexpr = (D * BITS // 8 + 2 * (D // G)) % 4 == 0
+    if (BITS == 8 or BITS == 4) and RB4:
         w = tl.load(base.to(tl.pointer_type(tl.int32)) + j[None, :], mask=m2, other=0)
+    elif BITS == 8 or BITS == 4:
+        p16 = base.to(tl.pointer_type(tl.uint16)) + 2 * j[None, :]
+        w = tl.load(p16, mask=m2, other=0).to(tl.int32) | \
+            (tl.load(p16 + 1, mask=m2, other=0).to(tl.int32) << 16)
     else:
         w = tl.load(base.to(tl.pointer_type(tl.uint16)) + j[None, :], mask=m2,
                     other=0).to(tl.int32)
