@@ -10,5 +10,5 @@ F=Q8_0,Q4_0,Q5_0,IQ4_NL,IQ4_XS,Q4_K,Q5_K,Q6_K,Q2_K,Q3_K,IQ2_XXS,IQ2_XS,IQ2_S,IQ3
 exec bash bench/suite.sh 585 \
  "goldens|150|bash bench/calls/goldens_gpu.sh 4" \
  "kvtests|90|python3 -m pytest -q -rf --tb=short tests/test_attn_decode_q_extras.py tests/test_kvquant_kernel.py tests/test_attn_decode_q_cuda.py > \$D/full.txt 2>&1; rc=\$?; grep -E '^FAILED|^E  |passed|failed' \$D/full.txt | head -30; exit \$rc" \
- "gemv|160|python3 bench/gemv.py --impls cu --formats $F --check-shapes kv --check-ns 1,8 --shapes ffn,attn,other --ns 1,8 --budget 140 --out \$D > \$D/full.txt 2>&1; rc=\$?; tail -100 \$D/full.txt; exit \$rc" \
- "prof|150|for kv in tq3 f16; do python3 bench/step_profile.py --kv-type \$kv --depth 32768 --out \$D 2>&1 | head -40; done"
+ "gemv|170|python3 bench/gemv.py --impls cu --formats $F --check-shapes kv --check-ns 1,8 --shapes ffn,attn,other,head --ns 1,8 --budget 150 --out \$D > \$D/full.txt 2>&1; rc=\$?; tail -100 \$D/full.txt; exit \$rc" \
+ "prof|140|for kv in tq3 f16; do python3 bench/step_profile.py --kv-type \$kv --depth 32768 --out \$D 2>&1 | head -40; done"
