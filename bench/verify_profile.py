@@ -53,8 +53,10 @@ def main() -> int:
     st.sync()
     mode = "single" if st.pos + 1 <= 1024 else "split"
     step = st.graphs[(mode, True, False)]
+    saved = st.status.clone()        # each replay advances the device position: put it back
     res = {"depth": a.depth, "mma": os.environ.get("TIGHTFIT_GEMV_MMA", "0"),
            "step_us": cuda_time(step.replay, a.reps, warmup=3) * 1e6, "blocks": {}}
+    st.status.copy_(saved)
     print(f"one-token step: {res['step_us']:.0f} us (graph replay)", flush=True)
     for M in ms:
         ids = [3 + i for i in range(M)]

@@ -148,7 +148,9 @@ def _qkv_write_kernel(qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, r_
                       KB: tl.constexpr, KG: tl.constexpr, KNL: tl.constexpr, KROT: tl.constexpr,
                       VB: tl.constexpr, VG: tl.constexpr, VNL: tl.constexpr, VROT: tl.constexpr,
                       SEARCH: tl.constexpr, PDL: tl.constexpr = False,
-                      QROT: tl.constexpr = False, QW: tl.constexpr = 32):
+                      QROT: tl.constexpr = False, QW: tl.constexpr = 32,
+                      QSPLIT: tl.constexpr = True, KW: tl.constexpr = 32,
+                      VW: tl.constexpr = 32):
     """One launch, one program per (row, block of outputs): [0, H*QS) q head h, outputs block b
     of QW (QS = D/QW with QROT, else 1 block of D): norm + RoPE (QROT: then rows of R q) ->
     q_out; then Hkv*D/KG programs, K row j, norm block b (KG values): norm + RoPE (+ rotation
@@ -158,16 +160,20 @@ def _qkv_write_kernel(qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, r_
         gdc_wait()
         gdc_launch_dependents()
     pos = tl.load(status_ptr + 2).to(tl.int64)
-    QS: tl.constexpr = D // QW if QROT else 1
-    KS: tl.constexpr = D // KG
-    VS: tl.constexpr = D // VG
+    QS: tl.constexpr = D // QW if (QROT and QSPLIT) else 1
+    KS: tl.constexpr = D // KW
+    VS: tl.constexpr = D // VW
     if p < H * QS:
         h = p // QS
         out = _norm_rope(qg_ptr + h * (2 * D), qn_ptr, cos_ptr, sin_ptr, pos, eps, D, HALF)
-        if QROT:
+        if QROT and QSPLIT:
             b = p % QS
             tl.store(qout_ptr + h * D + b * QW + tl.arange(0, QW),
                      _rot_rows(out, r_ptr, b * QW, D, QW))
+        elif QROT:
+            for t in tl.static_range(D // QW):
+                tl.store(qout_ptr + h * D + t * QW + tl.arange(0, QW),
+                         _rot_rows(out, r_ptr, t * QW, D, QW))
         else:
             tl.store(qout_ptr + h * D + tl.arange(0, D), out)
     elif p < H * QS + Hkv * KS:
@@ -175,26 +181,26 @@ def _qkv_write_kernel(qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, r_
         b = (p - H * QS) % KS
         if KROT:
             x = _norm_rope(k_ptr + j * D, kn_ptr, cos_ptr, sin_ptr, pos, eps, D, HALF)
-            y = _rot_block(x, r_ptr, kw_ptr + j * D, b, D, KG)
+            y = _rot_block(x, r_ptr, kw_ptr + j * D, b, D, KW)
         else:
             y = _norm_rope_at(k_ptr + j * D, kn_ptr, cos_ptr, sin_ptr, pos, eps,
-                              b * KG + tl.arange(0, KG), D, HALF)
-        tl.store(kw_ptr + j * D + b * KG + tl.arange(0, KG), y)
+                              b * KW + tl.arange(0, KW), D, HALF)
+        tl.store(kw_ptr + j * D + b * KW + tl.arange(0, KW), y)
         KRB: tl.constexpr = (D // KG) * (KG * KB // 8 + 2)
         _quant_row(y, kc_ptr + (pos * Hkv + j) * KRB, b, kcb_ptr, kmid_ptr, kinvf_ptr, ksqrt_g,
-                   D, KG, KB, KG, KNL, SEARCH)
+                   D, KW, KB, KG, KNL, SEARCH)
     else:
         j = (p - H * QS - Hkv * KS) // VS
         b = (p - H * QS - Hkv * KS) % VS
         if VROT:
             x = tl.load(v_ptr + j * D + tl.arange(0, D))
-            y = _rot_block(x, r_ptr, vw_ptr + j * D, b, D, VG)
+            y = _rot_block(x, r_ptr, vw_ptr + j * D, b, D, VW)
         else:
-            y = tl.load(v_ptr + j * D + b * VG + tl.arange(0, VG))
-        tl.store(vw_ptr + j * D + b * VG + tl.arange(0, VG), y)
+            y = tl.load(v_ptr + j * D + b * VW + tl.arange(0, VW))
+        tl.store(vw_ptr + j * D + b * VW + tl.arange(0, VW), y)
         VRB: tl.constexpr = (D // VG) * (VG * VB // 8 + 2)
         _quant_row(y, vc_ptr + (pos * Hkv + j) * VRB, b, vcb_ptr, vmid_ptr, vinvf_ptr, vsqrt_g,
-                   D, VG, VB, VG, VNL, SEARCH)
+                   D, VW, VB, VG, VNL, SEARCH)
 
 
 # ---- host side -----------------------------------------------------------------------------------
@@ -237,7 +243,19 @@ def make_write_workspace(kv_type: str, n_head_kv: int, head_dim: int,
     return KVWriteWorkspace(kv_type, R, tuple(tabs), z, z.clone(), search, seed)
 
 
-QROT_W = 32         # outputs of R q per program (rotate_q): a [32, D] tile of R
+QROT_W = 32         # outputs of R q per tile (rotate_q): a [32, D] tile of R
+ENV_SPLIT = "TIGHTFIT_KVWRITE"   # block (default) | kvblock | row: see _split_mode
+
+
+def _split_mode() -> tuple[bool, bool]:
+    """(q rotation split over programs, K/V split by norm block). "block": both; "kvblock": q
+    one program per head (its rotation in 32-row tiles), K/V per block; "row": one program per
+    q head and per K/V row (the rotation in tiles, the row staged through ws.k / ws.v)."""
+    import os
+    mode = os.environ.get(ENV_SPLIT, "block")
+    if mode not in ("block", "kvblock", "row"):
+        raise ValueError(f"{ENV_SPLIT}={mode!r}: expected block, kvblock or row")
+    return mode == "block", mode != "row"
 
 
 def qk_prep_q(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps,
@@ -256,14 +274,16 @@ def qk_prep_q(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps
     on = pdl.enabled(q_out.device)
     qrot = bool(rotate_q and kf.rotate)
     qw = min(QROT_W, D)
-    n_prog = H * (D // qw if qrot else 1) + Hkv * (D // kf.group + D // vf.group)
+    qsplit, kvblock = _split_mode()
+    kw, vw = (kf.group, vf.group) if kvblock else (D, D)
+    n_prog = H * (D // qw if qrot and qsplit else 1) + Hkv * (D // kw + D // vw)
     _qkv_write_kernel[(n_prog,)](
         qg, k, v, qn_w, kn_w, cos, sin, ws.R, ws.k, ws.v, q_out, kcache, vcache,
         kcb, kmid, kinvf, vcb, vmid, vinvf, status, H, Hkv, float(eps),
         math.sqrt(kf.group), math.sqrt(vf.group), D=D, HALF=cos.shape[1],
         KB=kf.bits, KG=kf.group, KNL=1 << kf.bits if kf.rotate else 1, KROT=kf.rotate,
         VB=vf.bits, VG=vf.group, VNL=1 << vf.bits if vf.rotate else 1, VROT=vf.rotate,
-        SEARCH=ws.search, PDL=on, QROT=qrot, QW=qw,
+        SEARCH=ws.search, PDL=on, QROT=qrot, QW=qw, QSPLIT=qsplit, KW=kw, VW=vw,
         launch_pdl=on, num_warps=4)
     return q_out
 
