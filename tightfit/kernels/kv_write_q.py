@@ -82,6 +82,17 @@ def _rot_block(x, r_ptr, stage, b, D: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
+def _levels(idx, cb_ptr, NL: tl.constexpr):
+    """C[idx] by selects over the NL codebook levels (scalar loads with no dependence on the
+    codes, so they are in flight from the start) instead of a gather that waits for the codes:
+    in the step the table is cold in cache and every dependent round trip to HBM counts."""
+    cv = tl.zeros(idx.shape, tl.float32)
+    for lv in tl.static_range(NL):
+        cv = tl.where(idx == lv, tl.load(cb_ptr + lv), cv)
+    return cv
+
+
+@triton.jit
 def _quant_row(yv, dst, b, cb_ptr, mid_ptr, invf_ptr, sqrt_g, D: tl.constexpr, W: tl.constexpr,
                BITS: tl.constexpr, G: tl.constexpr, NL: tl.constexpr, SEARCH: tl.constexpr):
     """Quantize yv [W], elements b*W .. b*W+W-1 of one fp32 row (rotated for codebook formats),
@@ -113,13 +124,13 @@ def _quant_row(yv, dst, b, cb_ptr, mid_ptr, invf_ptr, sqrt_g, D: tl.constexpr, W
             idx = tl.zeros([NB, G], tl.int32)
             for m in tl.static_range(NL - 1):
                 idx += (w > tl.load(mid_ptr + m)).to(tl.int32)
-            cv = tl.load(cb_ptr + idx)
+            cv = _levels(idx, cb_ptr, NL)
             yc = tl.sum(y * cv, axis=1)
             score = yc * yc / tl.maximum(tl.sum(cv * cv, axis=1), 1e-30)
             better = score > best
             bidx = tl.where(better[:, None], idx, bidx)
             best = tl.where(better, score, best)
-        cv = tl.load(cb_ptr + bidx)
+        cv = _levels(bidx, cb_ptr, NL)
         s = g / tl.sqrt(tl.sum(cv * cv, axis=1))
         s = tl.minimum(tl.maximum(s, -65504.0), 65504.0)
         flat = tl.reshape(bidx, [W])
@@ -181,25 +192,25 @@ def _qkv_write_kernel(qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, r_
         b = (p - H * QS) % KS
         if KROT:
             x = _norm_rope(k_ptr + j * D, kn_ptr, cos_ptr, sin_ptr, pos, eps, D, HALF)
-            y = _rot_block(x, r_ptr, kw_ptr + j * D, b, D, KW)
+            yk = _rot_block(x, r_ptr, kw_ptr + j * D, b, D, KW)
         else:
-            y = _norm_rope_at(k_ptr + j * D, kn_ptr, cos_ptr, sin_ptr, pos, eps,
-                              b * KW + tl.arange(0, KW), D, HALF)
-        tl.store(kw_ptr + j * D + b * KW + tl.arange(0, KW), y)
+            yk = _norm_rope_at(k_ptr + j * D, kn_ptr, cos_ptr, sin_ptr, pos, eps,
+                               b * KW + tl.arange(0, KW), D, HALF)
+        tl.store(kw_ptr + j * D + b * KW + tl.arange(0, KW), yk)
         KRB: tl.constexpr = (D // KG) * (KG * KB // 8 + 2)
-        _quant_row(y, kc_ptr + (pos * Hkv + j) * KRB, b, kcb_ptr, kmid_ptr, kinvf_ptr, ksqrt_g,
+        _quant_row(yk, kc_ptr + (pos * Hkv + j) * KRB, b, kcb_ptr, kmid_ptr, kinvf_ptr, ksqrt_g,
                    D, KW, KB, KG, KNL, SEARCH)
     else:
         j = (p - H * QS - Hkv * KS) // VS
         b = (p - H * QS - Hkv * KS) % VS
         if VROT:
             x = tl.load(v_ptr + j * D + tl.arange(0, D))
-            y = _rot_block(x, r_ptr, vw_ptr + j * D, b, D, VW)
+            yv = _rot_block(x, r_ptr, vw_ptr + j * D, b, D, VW)
         else:
-            y = tl.load(v_ptr + j * D + b * VW + tl.arange(0, VW))
-        tl.store(vw_ptr + j * D + b * VW + tl.arange(0, VW), y)
+            yv = tl.load(v_ptr + j * D + b * VW + tl.arange(0, VW))
+        tl.store(vw_ptr + j * D + b * VW + tl.arange(0, VW), yv)
         VRB: tl.constexpr = (D // VG) * (VG * VB // 8 + 2)
-        _quant_row(y, vc_ptr + (pos * Hkv + j) * VRB, b, vcb_ptr, vmid_ptr, vinvf_ptr, vsqrt_g,
+        _quant_row(yv, vc_ptr + (pos * Hkv + j) * VRB, b, vcb_ptr, vmid_ptr, vinvf_ptr, vsqrt_g,
                    D, VW, VB, VG, VNL, SEARCH)
 
 
