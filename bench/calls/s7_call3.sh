@@ -1,4 +1,5 @@
 #!/bin/bash
+# (Historical record: the K/V write variants it measured were removed in 7b88e4c; TIGHTFIT_KVWRITE no longer exists.)
 # Device call 3 (carry [".whl", ".tcache_in", ".fixtures"]; .tcache_in = call 2's cache):
 #  - issue 11: the K/V write kernel split by (row, norm block) — device tests, then decode per KV
 #    type at 0 / 8K / 32K / 128K (f16 and tq3; issue 7's figures at this commit too), and the tq3

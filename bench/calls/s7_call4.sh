@@ -1,4 +1,5 @@
 #!/bin/bash
+# (Historical record: the K/V write variants it measured were removed in 7b88e4c; TIGHTFIT_KVWRITE no longer exists.)
 # Device call 4 (carry [".whl", ".tcache_in", ".fixtures"]; .tcache_in = call 3's cache):
 #  - issue 11: call 3 measured the per-block K/V write SLOWER (tq3 depth 0: GPU 8.10 ms vs 7.86 in
 #    session 6). A/B of the three program layouts (TIGHTFIT_KVWRITE=block|kvblock|row) on tq3

@@ -1,4 +1,5 @@
 #!/bin/bash
+# (Historical record: the K/V write variants it measured were removed in 7b88e4c; TIGHTFIT_KVWRITE no longer exists.)
 # Device call 5 (carry [".whl", ".tcache_in", ".fixtures"]; .tcache_in = call 4's cache): the K/V
 # write kernel with codebook levels selected from registers (call 4, PDL off: 24.8 us per layer for
 # every program layout -> dependent round trips, not work) and distinct names for the K and V
