@@ -182,3 +182,40 @@ def test_mtp_drafter_on_the_block_verifier_keeps_greedy_output(tmp_path):
         assert b.timings.per_drafter.get("mtp", {}).get("draft_n", 0) > 0
     finally:
         mf.close()
+
+
+def test_block_argmaxes_take_the_first_max_like_numpy():
+    from tightfit.model.batch import Block
+    from tightfit.runtime.spec.verify import _Round
+    x = torch.tensor([[1.0, 3.0, 3.0, -2.0], [5.0, 5.0, 0.0, 5.0], [-1.0, -4.0, -0.5, -0.5]])
+    want = [int(i) for i in np.argmax(x.numpy(), axis=1)]
+    assert want == [1, 0, 2]
+    assert Block(x, None, lambda n: None).argmaxes() == want
+    assert _Round(x.numpy(), None, lambda n: None).argmaxes() == want
+
+
+def test_plain_greedy_rounds_read_argmaxes_not_rows(engine, monkeypatch):
+    """Greedy without penalties never copies a row of logits to the host (Block.row would
+    raise) and emits what the plain loop emits; with a repetition penalty the rows are read
+    (the penalty depends on the history) and Block.argmaxes is never called."""
+    from tightfit.model.batch import Block
+    se = SpeculativeEngine(engine, SpecConfig(drafters=("ngram", "suffix")))
+    p = PROMPTS[0]
+
+    def no_rows(self, i):
+        raise AssertionError("a row was copied in a plain-greedy round")
+    with monkeypatch.context() as m:
+        m.setattr(Block, "row", no_rows)
+        _, lb = _run(se.generate(p, max_tokens=120, sampling=GREEDY, state=engine.new_state()))
+    _, la = _run(engine.generate(p, max_tokens=120, sampling=GREEDY, state=engine.new_state()))
+    assert lb.tokens == la.tokens and lb.timings.as_dict()["draft_n_accepted"] > 10
+
+    pen = replace(GREEDY, repeat_penalty=1.3)
+
+    def no_argmax(self):
+        raise AssertionError("argmaxes used with a penalty")
+    with monkeypatch.context() as m:
+        m.setattr(Block, "argmaxes", no_argmax)
+        _, lb = _run(se.generate(p, max_tokens=120, sampling=pen, state=engine.new_state()))
+    _, la = _run(engine.generate(p, max_tokens=120, sampling=pen, state=engine.new_state()))
+    assert lb.tokens == la.tokens

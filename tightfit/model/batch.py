@@ -177,6 +177,12 @@ class Block:
     def row(self, i: int) -> np.ndarray:
         return self.logits[i].detach().float().cpu().numpy()
 
+    def argmaxes(self) -> list[int]:
+        """Each row's argmax (first index of the max, as np.argmax), taken where the logits are:
+        M integers cross to the host instead of M x n_vocab floats (verify_profile, session 7:
+        2.0 ms of a 20.9 ms round at M = 5 went to copying rows and taking argmaxes on the host)."""
+        return [int(i) for i in torch.argmax(self.logits.detach().float(), dim=-1).tolist()]
+
     def commit(self, n: int) -> None:
         if self.committed:
             raise StateError("this block was already committed")

@@ -47,6 +47,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0
 
+    @property
+    def penalized(self) -> bool:
+        """Whether apply_penalties can change a row (then a token depends on the history)."""
+        return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or
+                                            self.presence_penalty != 0.0 or
+                                            self.frequency_penalty != 0.0)
+
 
 GREEDY = SamplingParams(temperature=0.0)
 

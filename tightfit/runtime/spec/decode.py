@@ -288,17 +288,22 @@ class SpeculativeEngine:
             emitted: list[int] = []
             events: list[Event] = []
             n_acc, status, rejected = 0, None, False
+            # greedy without penalties: the round's argmaxes in one small copy, no rows
+            am = rnd.argmaxes() if acc.argmax_only and hasattr(rnd, "argmaxes") else None
             for i in range(len(block)):
-                row = rnd.row(i)
+                row = rnd.row(i) if am is None else None
                 if i < len(dtoks):
                     q = draft.q[i] if draft.q else None
                     if force_rng is not None:
                         ok = bool(force_rng.random() < s.force_accept)
-                        tok = dtoks[i] if ok else acc.target(row, history)
+                        tok = dtoks[i] if ok else (am[i] if am is not None else acc.target(row, history))
+                    elif am is not None:
+                        tok = am[i]
+                        ok = tok == dtoks[i]
                     else:
                         tok, ok = acc.step(row, history, dtoks[i], q)
                 else:
-                    tok, ok = acc.target(row, history), False
+                    tok, ok = (am[i] if am is not None else acc.target(row, history)), False
                 status, text = push(tok)
                 emitted.append(tok)
                 if ok:

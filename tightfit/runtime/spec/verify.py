@@ -49,6 +49,12 @@ class Acceptor:
         self.params = sampler.params
         self.rng = sampler.rng
 
+    @property
+    def argmax_only(self) -> bool:
+        """Greedy without penalties: every emitted token is a row's argmax, so a verifier round
+        can hand over the M argmaxes (one small copy) instead of M rows of logits."""
+        return self.params.greedy and not self.params.penalized
+
     def target(self, row: np.ndarray, history: Sequence[int]) -> int:
         """A token from the target distribution (the plain sampler: same draw, same RNG)."""
         return self.sampler(row, history)
@@ -105,6 +111,9 @@ class _Round:
 
     def row(self, i: int) -> np.ndarray:
         return self.logits[i]
+
+    def argmaxes(self) -> list[int]:
+        return [int(i) for i in np.argmax(self.logits, axis=1)]
 
     def commit(self, n: int) -> None:
         if not 1 <= n <= self.n_rows:
