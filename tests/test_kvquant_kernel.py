@@ -123,9 +123,12 @@ def test_split_rows_from_device_T():
         _check(out, ref)
 
 
-@pytest.mark.parametrize("kv_type", ["q8_0", "tq3", "tq4_128+tq2"])
-def test_write_kernel_matches_reference(kv_type):
-    """qk_prep_q (one fused launch) writes the same bytes and q as the torch path."""
+@pytest.mark.parametrize("layout", ["row", "warp"])
+@pytest.mark.parametrize("kv_type", ["q8_0", "tq3", "tq4_128+tq2", "tq3_128+q8_0"])
+def test_write_kernel_matches_reference(kv_type, layout, monkeypatch):
+    """qk_prep_q writes the same bytes and q as the torch path, with either K/V program layout
+    (TIGHTFIT_KVWRITE=row: one fused launch; =warp: q there, K/V in kv_write_q_warp)."""
+    monkeypatch.setenv("TIGHTFIT_KVWRITE", layout)
     from tightfit.kernels import attn_decode as A
     from tightfit.kernels import kv_write_q as KW
     H, Hkv, D, pos = 4, 2, 128, 5

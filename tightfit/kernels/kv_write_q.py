@@ -23,6 +23,7 @@ of `_qkv_write_kernel` (grid H + 2*Hkv):
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -62,10 +63,12 @@ def _rot_store(x, r_ptr, dst, D: tl.constexpr, BJ: tl.constexpr):
 
 
 @triton.jit
-def _quant_row(yv, dst, cb_ptr, mid_ptr, invf_ptr, sqrt_g, D: tl.constexpr, BITS: tl.constexpr,
-               G: tl.constexpr, NL: tl.constexpr, SEARCH: tl.constexpr):
-    """Quantize one fp32 row yv [D] (rotated for codebook formats) into the byte row at dst."""
-    NB: tl.constexpr = D // G
+def _quant_row(yv, dst, b, cb_ptr, mid_ptr, invf_ptr, sqrt_g, D: tl.constexpr, W: tl.constexpr,
+               BITS: tl.constexpr, G: tl.constexpr, NL: tl.constexpr, SEARCH: tl.constexpr):
+    """Quantize yv [W], elements b*W .. b*W+W-1 of one fp32 row (rotated for codebook formats;
+    W a multiple of G: the whole row is b = 0, W = D), into their places in the D-wide planar
+    byte row at dst."""
+    NB: tl.constexpr = W // G
     CB: tl.constexpr = D * BITS // 8
     bi = tl.arange(0, NB)
     gi = tl.arange(0, G)
@@ -77,7 +80,7 @@ def _quant_row(yv, dst, cb_ptr, mid_ptr, invf_ptr, sqrt_g, D: tl.constexpr, BITS
         q = tl.floor(tl.abs(v) + 0.5)
         q = tl.where(v < 0, -q, q)
         q = tl.minimum(tl.maximum(q, -127.0), 127.0).to(tl.int32)
-        tl.store(dst + bi[:, None] * G + gi[None, :], (q & 255).to(tl.uint8))
+        tl.store(dst + b * W + bi[:, None] * G + gi[None, :], (q & 255).to(tl.uint8))
         s = d
     else:
         g = tl.sqrt(tl.sum(y * y, axis=1))                                 # [NB]
@@ -101,22 +104,22 @@ def _quant_row(yv, dst, cb_ptr, mid_ptr, invf_ptr, sqrt_g, D: tl.constexpr, BITS
         cv = tl.load(cb_ptr + bidx)
         s = g / tl.sqrt(tl.sum(cv * cv, axis=1))
         s = tl.minimum(tl.maximum(s, -65504.0), 65504.0)
-        flat = tl.reshape(bidx, [D])
+        flat = tl.reshape(bidx, [W])
         if BITS == 4:
-            p2 = tl.reshape(flat, [D // 2, 2])
-            b = tl.sum(p2 << (tl.arange(0, 2) * 4)[None, :], axis=1)
-            tl.store(dst + tl.arange(0, D // 2), b.to(tl.uint8))
+            p2 = tl.reshape(flat, [W // 2, 2])
+            c2 = tl.sum(p2 << (tl.arange(0, 2) * 4)[None, :], axis=1)
+            tl.store(dst + b * (W // 2) + tl.arange(0, W // 2), c2.to(tl.uint8))
         else:
-            p4 = tl.reshape(flat & 3, [D // 4, 4])
-            b = tl.sum(p4 << (tl.arange(0, 4) * 2)[None, :], axis=1)
-            tl.store(dst + tl.arange(0, D // 4), b.to(tl.uint8))
+            p4 = tl.reshape(flat & 3, [W // 4, 4])
+            c4 = tl.sum(p4 << (tl.arange(0, 4) * 2)[None, :], axis=1)
+            tl.store(dst + b * (W // 4) + tl.arange(0, W // 4), c4.to(tl.uint8))
             if BITS == 3:
-                p8 = tl.reshape(flat >> 2, [D // 8, 8])
+                p8 = tl.reshape(flat >> 2, [W // 8, 8])
                 h = tl.sum(p8 << tl.arange(0, 8)[None, :], axis=1)
-                tl.store(dst + D // 4 + tl.arange(0, D // 8), h.to(tl.uint8))
+                tl.store(dst + D // 4 + b * (W // 8) + tl.arange(0, W // 8), h.to(tl.uint8))
     s16 = s.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.int32)
-    tl.store(dst + CB + 2 * bi, (s16 & 255).to(tl.uint8))
-    tl.store(dst + CB + 2 * bi + 1, (s16 >> 8).to(tl.uint8))
+    tl.store(dst + CB + 2 * (b * NB + bi), (s16 & 255).to(tl.uint8))
+    tl.store(dst + CB + 2 * (b * NB + bi) + 1, (s16 >> 8).to(tl.uint8))
 
 
 @triton.jit
@@ -153,8 +156,8 @@ def _qkv_write_kernel(qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, r_
             tl.debug_barrier()                    # every chunk read before it is overwritten
         tl.store(kw_ptr + j * D + d, y)
         KRB: tl.constexpr = (D // KG) * (KG * KB // 8 + 2)
-        _quant_row(y, kc_ptr + (pos * Hkv + j) * KRB, kcb_ptr, kmid_ptr, kinvf_ptr, ksqrt_g,
-                   D, KB, KG, KNL, SEARCH)
+        _quant_row(y, kc_ptr + (pos * Hkv + j) * KRB, 0, kcb_ptr, kmid_ptr, kinvf_ptr, ksqrt_g,
+                   D, D, KB, KG, KNL, SEARCH)
     else:
         j = p - H - Hkv
         if VROT:
@@ -163,8 +166,8 @@ def _qkv_write_kernel(qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, r_
             y = tl.load(v_ptr + j * D + d)
         tl.store(vw_ptr + j * D + d, y)
         VRB: tl.constexpr = (D // VG) * (VG * VB // 8 + 2)
-        _quant_row(y, vc_ptr + (pos * Hkv + j) * VRB, vcb_ptr, vmid_ptr, vinvf_ptr, vsqrt_g,
-                   D, VB, VG, VNL, SEARCH)
+        _quant_row(y, vc_ptr + (pos * Hkv + j) * VRB, 0, vcb_ptr, vmid_ptr, vinvf_ptr, vsqrt_g,
+                   D, D, VB, VG, VNL, SEARCH)
 
 
 # ---- host side -----------------------------------------------------------------------------------
@@ -207,6 +210,9 @@ def make_write_workspace(kv_type: str, n_head_kv: int, head_dim: int,
     return KVWriteWorkspace(kv_type, R, tuple(tabs), z, z.clone(), search, seed)
 
 
+# K/V program layout: "row" (one 4-warp program per K/V row, here) or "warp" (one warp per norm
+# block, tightfit.kernels.kv_write_q_warp: an A/B candidate, see its docstring)
+ENV_LAYOUT = "TIGHTFIT_KVWRITE"
 QROT_BJ = 16        # outputs per step of the q rotation (rotate_q): a [16, D] tile of R
 
 
@@ -224,7 +230,8 @@ def qk_prep_q(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps
     kf, vf = (get_format(n) for n in split_kv_type(ws.kv_type))
     (kcb, kmid, kinvf), (vcb, vmid, vinvf) = ws.tabs
     on = pdl.enabled(q_out.device)
-    _qkv_write_kernel[(H + 2 * Hkv,)](
+    warp = os.environ.get(ENV_LAYOUT, "row") == "warp"
+    _qkv_write_kernel[(H if warp else H + 2 * Hkv,)](
         qg, k, v, qn_w, kn_w, cos, sin, ws.R, ws.k, ws.v, q_out, kcache, vcache,
         kcb, kmid, kinvf, vcb, vmid, vinvf, status, H, Hkv, float(eps),
         math.sqrt(kf.group), math.sqrt(vf.group), D=D, HALF=cos.shape[1], BK=min(16, D),
@@ -232,6 +239,9 @@ def qk_prep_q(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps
         VB=vf.bits, VG=vf.group, VNL=1 << vf.bits if vf.rotate else 1, VROT=vf.rotate,
         SEARCH=ws.search, PDL=on, QROT=bool(rotate_q and kf.rotate), BJ=min(QROT_BJ, D),
         launch_pdl=on, num_warps=4)
+    if warp:                  # the K/V rows, one warp per norm block (kv_write_q_warp)
+        from tightfit.kernels.kv_write_q_warp import write_kv_blocks
+        write_kv_blocks(k, v, kn_w, cos, sin, kcache, vcache, status, eps, ws)
     return q_out
 
 

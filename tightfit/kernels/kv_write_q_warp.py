@@ -1,0 +1,122 @@
+"""Quantize-on-write of the new K/V row with ONE WARP per norm block (an alternative layout of
+kv_write_q's K/V programs, selected with TIGHTFIT_KVWRITE=warp for a device A/B; not the default
+until it measures faster).
+
+Why: session 7 measured the 4-warp write kernel at 24.8 us per layer inside the step (PDL off),
+whatever the program layout (per row, per norm block, q split or not), and slower still when the
+codebook gather became selects: the time is the chain of block-wide reductions, each a round
+trip through shared memory with barriers across 4 warps (norm, rotation, 5 gain candidates x 2
+sums, the scale), not the bytes or the arithmetic (bench/NOTES.md, session 7). Here a program is
+one warp and one norm block of G values of one K or V row (G = 32: one value per lane), so every
+reduction is warp shuffles, and the rotation rows R[bG:(b+1)G, :] are read in [G, 32] tiles
+against 32-column chunks of the normed + roped row, each chunk recomputed from the input (L1 hits)
+instead of a register tensor sliced across threads.
+
+q (norm + RoPE, its rotation) stays in kv_write_q._qkv_write_kernel, launched for the H q programs
+only. Same bytes as kv_write_q (tests/test_kvquant_kernel.py compares them with the torch path).
+"""
+from __future__ import annotations
+
+import math
+
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tightfit.kernels import pdl
+from tightfit.kernels.kv_write_q import _quant_row
+from tightfit.kvquant.formats import get_format, split_kv_type
+
+CK = tl.constexpr(32)   # columns of R per tile (and values of the row per chunk)
+
+
+@triton.jit
+def _norm_rope_chunk(src, w_ptr, cos_ptr, sin_ptr, pos, r, d, HALF: tl.constexpr):
+    """attn_decode._norm_rope's values at indices d, given the row's 1/rms r."""
+    xn = tl.load(src + d) * r * tl.load(w_ptr + d)
+    partner = tl.where(d < HALF, d + HALF, tl.where(d < 2 * HALF, d - HALF, d))
+    xp = tl.load(src + partner) * r * tl.load(w_ptr + partner)
+    rot = d < 2 * HALF
+    ci = tl.where(d < HALF, d, d - HALF)
+    c = tl.load(cos_ptr + pos * HALF + ci, mask=rot, other=1.0)
+    sn = tl.load(sin_ptr + pos * HALF + ci, mask=rot, other=0.0)
+    return xn * c + tl.where(d < HALF, -1.0, 1.0) * xp * sn
+
+
+@triton.jit
+def _block_values(src, w_ptr, cos_ptr, sin_ptr, r_ptr, pos, eps, b, D: tl.constexpr,
+                  G: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr, ROT: tl.constexpr):
+    """Values b*G .. b*G+G-1 of the row to quantize: the row at src (K: RMSNorm + RoPE first),
+    rotated (rows of R x) when the format rotates."""
+    i = tl.arange(0, G)
+    r = 1.0
+    if NORM:
+        x_all = tl.load(src + tl.arange(0, D))
+        r = 1.0 / tl.sqrt(tl.sum(x_all * x_all, axis=0) / D + eps)
+    if ROT:
+        kk = tl.arange(0, CK)
+        y = tl.zeros([G], tl.float32)
+        for c in tl.static_range(D // CK):
+            if NORM:
+                xc = _norm_rope_chunk(src, w_ptr, cos_ptr, sin_ptr, pos, r, c * CK + kk, HALF)
+            else:
+                xc = tl.load(src + c * CK + kk)
+            t = tl.load(r_ptr + (b * G + i)[:, None] * D + (c * CK + kk)[None, :])
+            y += tl.sum(t * xc[None, :], axis=1)
+    else:
+        if NORM:
+            y = _norm_rope_chunk(src, w_ptr, cos_ptr, sin_ptr, pos, r, b * G + i, HALF)
+        else:
+            y = tl.load(src + b * G + i)
+    return y
+
+
+@triton.jit
+def _kv_block_kernel(k_ptr, v_ptr, kn_ptr, cos_ptr, sin_ptr, r_ptr, kw_ptr, vw_ptr, kc_ptr, vc_ptr,
+                     kcb_ptr, kmid_ptr, kinvf_ptr, vcb_ptr, vmid_ptr, vinvf_ptr, status_ptr, Hkv,
+                     eps, ksqrt_g, vsqrt_g, D: tl.constexpr, HALF: tl.constexpr,
+                     KB: tl.constexpr, KG: tl.constexpr, KNL: tl.constexpr, KROT: tl.constexpr,
+                     VB: tl.constexpr, VG: tl.constexpr, VNL: tl.constexpr, VROT: tl.constexpr,
+                     SEARCH: tl.constexpr, PDL: tl.constexpr = False):
+    """Programs [0, Hkv*D/KG): K row j, norm block b; then Hkv*D/VG programs for the V rows."""
+    p = tl.program_id(0)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    pos = tl.load(status_ptr + 2).to(tl.int64)
+    KS: tl.constexpr = D // KG
+    VS: tl.constexpr = D // VG
+    if p < Hkv * KS:
+        j = p // KS
+        b = p % KS
+        yk = _block_values(k_ptr + j * D, kn_ptr, cos_ptr, sin_ptr, r_ptr, pos, eps, b, D, KG,
+                           HALF, True, KROT)
+        tl.store(kw_ptr + j * D + b * KG + tl.arange(0, KG), yk)
+        KRB: tl.constexpr = (D // KG) * (KG * KB // 8 + 2)
+        _quant_row(yk, kc_ptr + (pos * Hkv + j) * KRB, b, kcb_ptr, kmid_ptr, kinvf_ptr, ksqrt_g,
+                   D, KG, KB, KG, KNL, SEARCH)
+    else:
+        j = (p - Hkv * KS) // VS
+        b = (p - Hkv * KS) % VS
+        yv = _block_values(v_ptr + j * D, kn_ptr, cos_ptr, sin_ptr, r_ptr, pos, eps, b, D, VG,
+                           HALF, False, VROT)
+        tl.store(vw_ptr + j * D + b * VG + tl.arange(0, VG), yv)
+        VRB: tl.constexpr = (D // VG) * (VG * VB // 8 + 2)
+        _quant_row(yv, vc_ptr + (pos * Hkv + j) * VRB, b, vcb_ptr, vmid_ptr, vinvf_ptr, vsqrt_g,
+                   D, VG, VB, VG, VNL, SEARCH)
+
+
+def write_kv_blocks(k, v, kn_w, cos, sin, kcache, vcache, status, eps, ws) -> None:
+    """The K/V half of kv_write_q.qk_prep_q, one warp per norm block (same bytes, same ws.k/ws.v)."""
+    Hkv = kcache.shape[1]
+    D = ws.k.shape[1]
+    kf, vf = (get_format(n) for n in split_kv_type(ws.kv_type))
+    (kcb, kmid, kinvf), (vcb, vmid, vinvf) = ws.tabs
+    on = pdl.enabled(k.device)
+    grid = (Hkv * (D // kf.group + D // vf.group),)
+    _kv_block_kernel[grid](
+        k, v, kn_w, cos, sin, ws.R, ws.k, ws.v, kcache, vcache, kcb, kmid, kinvf, vcb, vmid,
+        vinvf, status, Hkv, float(eps), math.sqrt(kf.group), math.sqrt(vf.group), D=D,
+        HALF=cos.shape[1], KB=kf.bits, KG=kf.group, KNL=1 << kf.bits if kf.rotate else 1,
+        KROT=kf.rotate, VB=vf.bits, VG=vf.group, VNL=1 << vf.bits if vf.rotate else 1,
+        VROT=vf.rotate, SEARCH=ws.search, PDL=on, launch_pdl=on, num_warps=1)
