@@ -24,28 +24,17 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tightfit.kernels import pdl
+from tightfit.kernels.attn_decode import _norm_rope_at
 from tightfit.kernels.kv_write_q import _quant_row
 from tightfit.kvquant.formats import get_format, split_kv_type
 
-CK = tl.constexpr(32)   # columns of R per tile (and values of the row per chunk)
-
-
-@triton.jit
-def _norm_rope_chunk(src, w_ptr, cos_ptr, sin_ptr, pos, r, d, HALF: tl.constexpr):
-    """attn_decode._norm_rope's values at indices d, given the row's 1/rms r."""
-    xn = tl.load(src + d) * r * tl.load(w_ptr + d)
-    partner = tl.where(d < HALF, d + HALF, tl.where(d < 2 * HALF, d - HALF, d))
-    xp = tl.load(src + partner) * r * tl.load(w_ptr + partner)
-    rot = d < 2 * HALF
-    ci = tl.where(d < HALF, d, d - HALF)
-    c = tl.load(cos_ptr + pos * HALF + ci, mask=rot, other=1.0)
-    sn = tl.load(sin_ptr + pos * HALF + ci, mask=rot, other=0.0)
-    return xn * c + tl.where(d < HALF, -1.0, 1.0) * xp * sn
+CK = 32          # columns of R per tile (and values of the row per chunk): a launch constexpr
 
 
 @triton.jit
 def _block_values(src, w_ptr, cos_ptr, sin_ptr, r_ptr, pos, eps, b, D: tl.constexpr,
-                  G: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr, ROT: tl.constexpr):
+                  G: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr, ROT: tl.constexpr,
+                  CK: tl.constexpr):
     """Values b*G .. b*G+G-1 of the row to quantize: the row at src (K: RMSNorm + RoPE first),
     rotated (rows of R x) when the format rotates."""
     i = tl.arange(0, G)
@@ -58,14 +47,14 @@ def _block_values(src, w_ptr, cos_ptr, sin_ptr, r_ptr, pos, eps, b, D: tl.conste
         y = tl.zeros([G], tl.float32)
         for c in tl.static_range(D // CK):
             if NORM:
-                xc = _norm_rope_chunk(src, w_ptr, cos_ptr, sin_ptr, pos, r, c * CK + kk, HALF)
+                xc = _norm_rope_at(src, w_ptr, cos_ptr, sin_ptr, pos, r, c * CK, CK, HALF)
             else:
                 xc = tl.load(src + c * CK + kk)
             t = tl.load(r_ptr + (b * G + i)[:, None] * D + (c * CK + kk)[None, :])
             y += tl.sum(t * xc[None, :], axis=1)
     else:
         if NORM:
-            y = _norm_rope_chunk(src, w_ptr, cos_ptr, sin_ptr, pos, r, b * G + i, HALF)
+            y = _norm_rope_at(src, w_ptr, cos_ptr, sin_ptr, pos, r, b * G, G, HALF)
         else:
             y = tl.load(src + b * G + i)
     return y
@@ -77,7 +66,7 @@ def _kv_block_kernel(k_ptr, v_ptr, kn_ptr, cos_ptr, sin_ptr, r_ptr, kw_ptr, vw_p
                      eps, ksqrt_g, vsqrt_g, D: tl.constexpr, HALF: tl.constexpr,
                      KB: tl.constexpr, KG: tl.constexpr, KNL: tl.constexpr, KROT: tl.constexpr,
                      VB: tl.constexpr, VG: tl.constexpr, VNL: tl.constexpr, VROT: tl.constexpr,
-                     SEARCH: tl.constexpr, PDL: tl.constexpr = False):
+                     SEARCH: tl.constexpr, CK: tl.constexpr, PDL: tl.constexpr = False):
     """Programs [0, Hkv*D/KG): K row j, norm block b; then Hkv*D/VG programs for the V rows."""
     p = tl.program_id(0)
     if PDL:
@@ -90,7 +79,7 @@ def _kv_block_kernel(k_ptr, v_ptr, kn_ptr, cos_ptr, sin_ptr, r_ptr, kw_ptr, vw_p
         j = p // KS
         b = p % KS
         yk = _block_values(k_ptr + j * D, kn_ptr, cos_ptr, sin_ptr, r_ptr, pos, eps, b, D, KG,
-                           HALF, True, KROT)
+                           HALF, True, KROT, CK)
         tl.store(kw_ptr + j * D + b * KG + tl.arange(0, KG), yk)
         KRB: tl.constexpr = (D // KG) * (KG * KB // 8 + 2)
         _quant_row(yk, kc_ptr + (pos * Hkv + j) * KRB, b, kcb_ptr, kmid_ptr, kinvf_ptr, ksqrt_g,
@@ -99,7 +88,7 @@ def _kv_block_kernel(k_ptr, v_ptr, kn_ptr, cos_ptr, sin_ptr, r_ptr, kw_ptr, vw_p
         j = (p - Hkv * KS) // VS
         b = (p - Hkv * KS) % VS
         yv = _block_values(v_ptr + j * D, kn_ptr, cos_ptr, sin_ptr, r_ptr, pos, eps, b, D, VG,
-                           HALF, False, VROT)
+                           HALF, False, VROT, CK)
         tl.store(vw_ptr + j * D + b * VG + tl.arange(0, VG), yv)
         VRB: tl.constexpr = (D // VG) * (VG * VB // 8 + 2)
         _quant_row(yv, vc_ptr + (pos * Hkv + j) * VRB, b, vcb_ptr, vmid_ptr, vinvf_ptr, vsqrt_g,
@@ -119,4 +108,4 @@ def write_kv_blocks(k, v, kn_w, cos, sin, kcache, vcache, status, eps, ws) -> No
         vinvf, status, Hkv, float(eps), math.sqrt(kf.group), math.sqrt(vf.group), D=D,
         HALF=cos.shape[1], KB=kf.bits, KG=kf.group, KNL=1 << kf.bits if kf.rotate else 1,
         KROT=kf.rotate, VB=vf.bits, VG=vf.group, VNL=1 << vf.bits if vf.rotate else 1,
-        VROT=vf.rotate, SEARCH=ws.search, PDL=on, launch_pdl=on, num_warps=1)
+        VROT=vf.rotate, SEARCH=ws.search, CK=CK, PDL=on, launch_pdl=on, num_warps=1)
