@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from tightfit.errors import UserError
-from tightfit.plan.arena import Arena, UploadReport, host_view, open_readonly, upload
+from tightfit.plan.arena import Arena, UploadReport, host_copy, host_view, open_readonly, upload
 from tightfit.plan.placement import GPU, HOST, build_placement
 from tightfit.plan.rowsplit import PlacementError, check_exact_cover
 from tightfit.runtime.gpu_state import GPUState
@@ -249,10 +249,13 @@ class Placed:
         if p.host_segments() or self.embedding_on_host():
             passive_host_threads()     # before the first cpu_gemv call starts numba's pool
         self.host: dict[str, HostRows] = {}
+        # TIGHTFIT_HOST_ROWS=anon: host rows in anonymous (huge-page) memory instead of the
+        # mapping (arena.host_copy; an A/B candidate, default off until measured)
+        anon = os.environ.get("TIGHTFIT_HOST_ROWS", "mmap") == "anon"
         for s in p.host_segments():
             t = inv.tensors[s.tensor]
-            self.host[s.tensor] = HostRows(s.tensor, t, host_view(self.mm, t, s), s.row_start,
-                                           s.row_end)
+            w = host_copy(self.mm, inv.path, t, s) if anon else host_view(self.mm, t, s)
+            self.host[s.tensor] = HostRows(s.tensor, t, w, s.row_start, s.row_end)
         self._state_ref: Any = None
         self.extra_states = 0          # states allocated outside the arena (more than one live)
 
