@@ -219,8 +219,8 @@ QROT_BJ = 16        # outputs per step of the q rotation (rotate_q): a [16, D] t
 def qk_prep_q(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps,
               ws: KVWriteWorkspace, rotate_q: bool = False):
     """qg [H, 2D], k, v [Hkv*D] fp32; byte caches [cap, Hkv, row_bytes] of ws.kv_type;
-    q_out [H, D] fp32. Writes the K/V row at status[2]. One kernel launch, no host work beyond
-    the launch (graph-capturable).
+    q_out [H, D] fp32. Writes the K/V row at status[2]. One kernel launch (two with
+    TIGHTFIT_KVWRITE=warp), no host work beyond the launch (graph-capturable).
     rotate_q: when the K format rotates, q_out = R q (ws.R, the rotation attn_decode_q's
     workspace uses), so the attention can be called with q_rotated=True and skip its q-rotation
     launch (the H q programs do it next to the K programs' own R k; a non-rotating K format
@@ -230,7 +230,10 @@ def qk_prep_q(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps
     kf, vf = (get_format(n) for n in split_kv_type(ws.kv_type))
     (kcb, kmid, kinvf), (vcb, vmid, vinvf) = ws.tabs
     on = pdl.enabled(q_out.device)
-    warp = os.environ.get(ENV_LAYOUT, "row") == "warp"
+    layout = os.environ.get(ENV_LAYOUT, "row")
+    if layout not in ("row", "warp"):
+        raise ValueError(f"{ENV_LAYOUT}={layout!r}: expected row or warp")
+    warp = layout == "warp"
     _qkv_write_kernel[(H if warp else H + 2 * Hkv,)](
         qg, k, v, qn_w, kn_w, cos, sin, ws.R, ws.k, ws.v, q_out, kcache, vcache,
         kcb, kmid, kinvf, vcb, vmid, vinvf, status, H, Hkv, float(eps),
