@@ -33,6 +33,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from tightfit.kernels import attn_decode_q as AQ  # noqa: E402
 from tightfit.kvquant.formats import split_kv_type  # noqa: E402
 from tightfit.kvquant.reference import alloc_cache, attention_quant_f64, write_rows  # noqa: E402
+from _kv_cases import check_close, quant_kv_case  # noqa: E402
 
 # the device follows how the kernels were actually built (at their module's import, possibly by
 # another test module), not the environment now: interpreted kernels take CPU tensors only,
@@ -41,31 +42,15 @@ INTERP = isinstance(AQ._attn_q_kernel, InterpretedFunction)
 pytestmark = pytest.mark.skipif(not INTERP and not torch.cuda.is_available(),
                                 reason="needs TRITON_INTERPRET=1 or a GPU")
 DEV = "cpu" if INTERP else "cuda"
-TOL = 2e-3         # see the module docstring: ~4 x fp16 unit roundoff on K and V
-
-
-def _case(kv_type, H, Hkv, D, T, seed=0, outliers=True):
-    g = torch.Generator().manual_seed(seed)
-    k = torch.randn(T, Hkv, D, generator=g)
-    v = torch.randn(T, Hkv, D, generator=g)
-    if outliers:
-        k[..., 3] = k[..., 3] * 15 + 8
-        v[..., 5] *= 6
-    q = torch.randn(H, D, generator=g) * 0.5
-    qg = torch.randn(H, 2 * D, generator=g)
-    kn, vn = split_kv_type(kv_type)
-    kc, vc = alloc_cache(T + 3, Hkv, D, kn), alloc_cache(T + 3, Hkv, D, vn)
-    write_rows(kc, vc, 0, k[: T // 2], v[: T // 2], kv_type)         # prefill chunk
-    write_rows(kc, vc, T // 2, k[T // 2:], v[T // 2:], kv_type)      # then more rows
-    ref = attention_quant_f64(q, kc, vc, T, kv_type, gate=qg[:, D:])
-    to = lambda t: t.to(DEV)  # noqa: E731
+def _case(kv_type, H, Hkv, D, T, seed=0):
+    """tests/_kv_cases.quant_kv_case on this module's device, with the status word of T rows."""
+    q, kc, vc, qg, ref = quant_kv_case(kv_type, H, Hkv, D, T, seed)
     status = torch.tensor([0, 0, T - 1], dtype=torch.int32)
-    return [to(t) for t in (q, kc, vc, qg, status)], ref
+    return [t.to(DEV) for t in (q, kc, vc, qg, status)], ref
 
 
 def _check(out, ref):
-    err = (out.double().cpu() - ref).abs().max().item()
-    assert err <= TOL * ref.abs().max().item(), f"max err {err:.3e} vs {ref.abs().max().item():.3e}"
+    check_close(out, ref)      # TOL of max |ref|: see the module docstring
 
 
 TYPES = ["q8_0", "tq4", "tq3", "tq2", "q8_0+tq3", "tq4+tq3", "tq3+q8_0"]
@@ -101,9 +86,7 @@ def test_27b_head_shape(kv_type):
 def test_position_from_status():
     """T comes from status[2]: rows past it are never read (fill them with garbage)."""
     H, Hkv, D, T = 2, 1, 32, 20
-    (q, kc, vc, qg, status), ref = _case("tq3", H, Hkv, D, T, seed=2)
-    kc[T:] = 255
-    vc[T:] = 255
+    (q, kc, vc, qg, status), ref = _case("tq3", H, Hkv, D, T, seed=2)   # rows past T poisoned
     ws = AQ.make_workspace("tq3", H, D, max_ctx=2048, chunk=16, device=DEV)
     out = torch.zeros(H, D, device=DEV)
     AQ.attn_decode_q(q, kc, vc, qg, out, status, ws, n_chunks=2, chunk=16, BT=16)

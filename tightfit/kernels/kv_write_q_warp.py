@@ -61,38 +61,44 @@ def _block_values(src, w_ptr, cos_ptr, sin_ptr, r_ptr, pos, eps, b, D: tl.conste
 
 
 @triton.jit
+def _write_block(i, src, w_ptr, cos_ptr, sin_ptr, r_ptr, ws_ptr, c_ptr, cb_ptr, mid_ptr, invf_ptr,
+                 sqrt_g, pos, eps, Hkv, D: tl.constexpr, HALF: tl.constexpr, B: tl.constexpr,
+                 G: tl.constexpr, NL: tl.constexpr, NORM: tl.constexpr, ROT: tl.constexpr,
+                 SEARCH: tl.constexpr, CK: tl.constexpr):
+    """Program i of one half (K or V): row j = i // (D/G), norm block b = i % (D/G) -> its values
+    in the fp32 workspace row and its codes + scale in cache row (pos, j)."""
+    j = i // (D // G)
+    b = i % (D // G)
+    y = _block_values(src + j * D, w_ptr, cos_ptr, sin_ptr, r_ptr, pos, eps, b, D, G, HALF, NORM,
+                      ROT, CK)
+    tl.store(ws_ptr + j * D + b * G + tl.arange(0, G), y)
+    RB: tl.constexpr = (D // G) * (G * B // 8 + 2)
+    _quant_row(y, c_ptr + (pos * Hkv + j) * RB, b, cb_ptr, mid_ptr, invf_ptr, sqrt_g, D, G, B, G,
+               NL, SEARCH)
+
+
+@triton.jit
 def _kv_block_kernel(k_ptr, v_ptr, kn_ptr, cos_ptr, sin_ptr, r_ptr, kw_ptr, vw_ptr, kc_ptr, vc_ptr,
                      kcb_ptr, kmid_ptr, kinvf_ptr, vcb_ptr, vmid_ptr, vinvf_ptr, status_ptr, Hkv,
                      eps, ksqrt_g, vsqrt_g, D: tl.constexpr, HALF: tl.constexpr,
                      KB: tl.constexpr, KG: tl.constexpr, KNL: tl.constexpr, KROT: tl.constexpr,
                      VB: tl.constexpr, VG: tl.constexpr, VNL: tl.constexpr, VROT: tl.constexpr,
                      SEARCH: tl.constexpr, CK: tl.constexpr, PDL: tl.constexpr = False):
-    """Programs [0, Hkv*D/KG): K row j, norm block b; then Hkv*D/VG programs for the V rows."""
+    """Programs [0, Hkv*D/KG): K rows (RMSNorm + RoPE first), then Hkv*D/VG programs: V rows."""
     p = tl.program_id(0)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
     pos = tl.load(status_ptr + 2).to(tl.int64)
-    KS: tl.constexpr = D // KG
-    VS: tl.constexpr = D // VG
-    if p < Hkv * KS:
-        j = p // KS
-        b = p % KS
-        yk = _block_values(k_ptr + j * D, kn_ptr, cos_ptr, sin_ptr, r_ptr, pos, eps, b, D, KG,
-                           HALF, True, KROT, CK)
-        tl.store(kw_ptr + j * D + b * KG + tl.arange(0, KG), yk)
-        KRB: tl.constexpr = (D // KG) * (KG * KB // 8 + 2)
-        _quant_row(yk, kc_ptr + (pos * Hkv + j) * KRB, b, kcb_ptr, kmid_ptr, kinvf_ptr, ksqrt_g,
-                   D, KG, KB, KG, KNL, SEARCH)
+    NK: tl.constexpr = D // KG
+    if p < Hkv * NK:
+        _write_block(p, k_ptr, kn_ptr, cos_ptr, sin_ptr, r_ptr, kw_ptr, kc_ptr, kcb_ptr, kmid_ptr,
+                     kinvf_ptr, ksqrt_g, pos, eps, Hkv, D, HALF, KB, KG, KNL, True, KROT, SEARCH,
+                     CK)
     else:
-        j = (p - Hkv * KS) // VS
-        b = (p - Hkv * KS) % VS
-        yv = _block_values(v_ptr + j * D, kn_ptr, cos_ptr, sin_ptr, r_ptr, pos, eps, b, D, VG,
-                           HALF, False, VROT, CK)
-        tl.store(vw_ptr + j * D + b * VG + tl.arange(0, VG), yv)
-        VRB: tl.constexpr = (D // VG) * (VG * VB // 8 + 2)
-        _quant_row(yv, vc_ptr + (pos * Hkv + j) * VRB, b, vcb_ptr, vmid_ptr, vinvf_ptr, vsqrt_g,
-                   D, VG, VB, VG, VNL, SEARCH)
+        _write_block(p - Hkv * NK, v_ptr, kn_ptr, cos_ptr, sin_ptr, r_ptr, vw_ptr, vc_ptr,
+                     vcb_ptr, vmid_ptr, vinvf_ptr, vsqrt_g, pos, eps, Hkv, D, HALF, VB, VG, VNL,
+                     False, VROT, SEARCH, CK)
 
 
 def write_kv_blocks(k, v, kn_w, cos, sin, kcache, vcache, status, eps, ws) -> None:
