@@ -5,10 +5,10 @@
 set -u
 N=${1:-4}
 ids=$(python3 -c "import json;print(' '.join(c['id'] for c in json.load(open('tests/goldens/manifest.json'))['cases']))")
-i=0; for id in $ids; do shard[$i]+="${shard[$i]:+ or }$id"; i=$(( (i + 1) % N )); done
+T=tests/test_goldens_executor.py::test_gpu_executor_matches_llama_cpp
+i=0; for id in $ids; do shard[$i]+=" $T[$id]"; i=$(( (i + 1) % N )); done   # exact node ids
 for i in $(seq 0 $((N - 1))); do
-  python3 -m pytest -q -s -rf --tb=short --durations=5 tests/test_goldens_executor.py -k "gpu and (${shard[$i]})" \
-    > "$D/golden-$i.txt" 2>&1 &
+  python3 -m pytest -q -s -rf --tb=short --durations=5 ${shard[$i]} > "$D/golden-$i.txt" 2>&1 &
 done
 wait
 grep -hE "vs llama" "$D"/golden-*.txt | sort
