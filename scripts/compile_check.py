@@ -79,7 +79,6 @@ PDL_KERNELS = {("norm", "_add_rmsnorm_kernel"), ("norm", "_swiglu_kernel"),
                ("gdn", "_conv_step_kernel"), ("gdn", "_gdn_step_kernel"),
                ("attn_decode", "_qk_prep_kernel"), ("attn_decode", "_attn_kernel"),
                ("attn_decode", "_reduce_kernel"), ("kv_write_q", "_qkv_write_kernel"),
-               ("kv_write_q_warp", "_kv_block_kernel"),
                ("embed", "_embed_q_kernel"), ("embed", "_embed_f_kernel"),
                ("quantize_act", "_quant_kernel"), ("gemv2_act", "_prep_kernel"),
                ("gemv2_small", "gemv2s_kernel"), ("gemv2", "_reduce_kernel")}
@@ -246,12 +245,6 @@ def scen_attention():
         wsw = KW.make_write_workspace(kv, HKV, D)
         _scn(f"kv_write_q {kv}", KW.qk_prep_q, qg, k, v, nw, nw, cos, sin, kcq, vcq, q, st,
              1e-6, wsw)
-        os.environ[KW.ENV_LAYOUT] = "warp"       # kv_write_q_warp's K/V launch (+ q alone)
-        try:
-            _scn(f"kv_write_q warp {kv}", KW.qk_prep_q, qg, k, v, nw, nw, cos, sin, kcq, vcq,
-                 q, st, 1e-6, wsw)
-        finally:
-            os.environ.pop(KW.ENV_LAYOUT, None)
 
 
 def scen_norm_gdn():

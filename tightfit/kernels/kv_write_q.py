@@ -9,6 +9,9 @@ of `_qkv_write_kernel` (grid H + 2*Hkv):
     sees the fp32 row like kvquant.reference.write_rows), y = R k when the format rotates
     (-> ws.k), quantized;
   * programs [H+Hkv, H+2Hkv): the V row: y = R v when the format rotates (-> ws.v), quantized.
+  The rotations (and q's, rotate_q) are tightfit.kernels.rht.rotate: the Hadamard transform in
+  registers, reading only R's first row and column (a dense R x streamed R from L2 in 16 serial
+  tiles per program: ~20 us per layer, session 8).
   Quantization (`_quant_row`) has the numerics of kvquant.reference.quantize (q8_0: d = amax/127,
   round-half-away codes; tqB: block norm g, u = sqrt(G) y / g, the same GAIN_SEARCH candidate
   gains 1/f (fp32, as torch rounds the scalar) with nearest-level codes by counting midpoints
@@ -23,7 +26,6 @@ of `_qkv_write_kernel` (grid H + 2*Hkv):
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -33,33 +35,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tightfit.kernels import pdl
 from tightfit.kernels.attn_decode import _norm_rope, _rms, _rope_rows
+from tightfit.kernels.rht import hadamard_split, rotate
 from tightfit.kvquant.formats import DEFAULT_SEED, get_format, rotation_matrix, split_kv_type
-
-
-@triton.jit
-def _matvec(x_ptr, m_ptr, D: tl.constexpr, BK: tl.constexpr):
-    """y = R x for one row (R row-major [D, D]); x read from memory in BK chunks (the summation
-    order of attn_decode_q._rowmat_kernel)."""
-    j = tl.arange(0, D)
-    kk = tl.arange(0, BK)
-    y = tl.zeros([D], tl.float32)
-    for k0 in range(0, D, BK):
-        xk = tl.load(x_ptr + k0 + kk)
-        mk = tl.load(m_ptr + (k0 + kk)[:, None] + j[None, :] * D)
-        y += tl.sum(xk[:, None] * mk, axis=0)
-    return y
-
-
-@triton.jit
-def _rot_store(x, r_ptr, dst, D: tl.constexpr, BJ: tl.constexpr):
-    """dst[j] = sum_k R[j, k] x[k] for a row x [D] held in registers, BJ outputs per step
-    (a [BJ, D] tile of R, the full D-long dot of each output: the summation of
-    attn_decode_q._qrot_kernel), no round trip of x through memory."""
-    k = tl.arange(0, D)
-    jj = tl.arange(0, BJ)
-    for j0 in tl.static_range(0, D, BJ):
-        r = tl.load(r_ptr + (j0 + jj)[:, None] * D + k[None, :])
-        tl.store(dst + j0 + jj, tl.sum(r * x[None, :], axis=1))
 
 
 @triton.jit
@@ -126,11 +103,11 @@ def _quant_row(yv, dst, b, cb_ptr, mid_ptr, invf_ptr, sqrt_g, D: tl.constexpr, W
 def _qkv_write_kernel(qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, r_ptr, kw_ptr,
                       vw_ptr, qout_ptr, kc_ptr, vc_ptr, kcb_ptr, kmid_ptr, kinvf_ptr, vcb_ptr,
                       vmid_ptr, vinvf_ptr, status_ptr, H, Hkv, eps, ksqrt_g, vsqrt_g,
-                      D: tl.constexpr, HALF: tl.constexpr, BK: tl.constexpr,
+                      D: tl.constexpr, HALF: tl.constexpr, HA: tl.constexpr,
                       KB: tl.constexpr, KG: tl.constexpr, KNL: tl.constexpr, KROT: tl.constexpr,
                       VB: tl.constexpr, VG: tl.constexpr, VNL: tl.constexpr, VROT: tl.constexpr,
                       SEARCH: tl.constexpr, PDL: tl.constexpr = False,
-                      QROT: tl.constexpr = False, BJ: tl.constexpr = 16):
+                      QROT: tl.constexpr = False):
     """One launch: programs [0, H) q norm + RoPE (QROT: then q = R q) -> q_out; [H, H+Hkv) K row j: norm + RoPE
     (+ rotation) -> ws.k, quantized into kcache[pos, j]; [H+Hkv, H+2Hkv) V row j: (rotation)
     -> ws.v, quantized into vcache[pos, j]."""
@@ -143,27 +120,22 @@ def _qkv_write_kernel(qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, r_
     if p < H:
         out = _norm_rope(qg_ptr + p * (2 * D), qn_ptr, cos_ptr, sin_ptr, pos, eps, D, HALF)
         if QROT:
-            _rot_store(out, r_ptr, qout_ptr + p * D, D, BJ)
-        else:
-            tl.store(qout_ptr + p * D + d, out)
+            out = rotate(out, r_ptr, D, HA)
+        tl.store(qout_ptr + p * D + d, out)
     elif p < H + Hkv:
         j = p - H
         y = _norm_rope(k_ptr + j * D, kn_ptr, cos_ptr, sin_ptr, pos, eps, D, HALF)
         if KROT:
-            tl.store(kw_ptr + j * D + d, y)
-            tl.debug_barrier()                    # the row is read back in chunks
-            y = _matvec(kw_ptr + j * D, r_ptr, D, BK)
-            tl.debug_barrier()                    # every chunk read before it is overwritten
+            y = rotate(y, r_ptr, D, HA)
         tl.store(kw_ptr + j * D + d, y)
         KRB: tl.constexpr = (D // KG) * (KG * KB // 8 + 2)
         _quant_row(y, kc_ptr + (pos * Hkv + j) * KRB, 0, kcb_ptr, kmid_ptr, kinvf_ptr, ksqrt_g,
                    D, D, KB, KG, KNL, SEARCH)
     else:
         j = p - H - Hkv
+        y = tl.load(v_ptr + j * D + d)
         if VROT:
-            y = _matvec(v_ptr + j * D, r_ptr, D, BK)
-        else:
-            y = tl.load(v_ptr + j * D + d)
+            y = rotate(y, r_ptr, D, HA)
         tl.store(vw_ptr + j * D + d, y)
         VRB: tl.constexpr = (D // VG) * (VG * VB // 8 + 2)
         _quant_row(y, vc_ptr + (pos * Hkv + j) * VRB, 0, vcb_ptr, vmid_ptr, vinvf_ptr, vsqrt_g,
@@ -210,17 +182,11 @@ def make_write_workspace(kv_type: str, n_head_kv: int, head_dim: int,
     return KVWriteWorkspace(kv_type, R, tuple(tabs), z, z.clone(), search, seed)
 
 
-# K/V program layout: "row" (one 4-warp program per K/V row, here) or "warp" (one warp per norm
-# block, tightfit.kernels.kv_write_q_warp: an A/B candidate, see its docstring)
-ENV_LAYOUT = "TIGHTFIT_KVWRITE"
-QROT_BJ = 16        # outputs per step of the q rotation (rotate_q): a [16, D] tile of R
-
-
 def qk_prep_q(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps,
               ws: KVWriteWorkspace, rotate_q: bool = False):
     """qg [H, 2D], k, v [Hkv*D] fp32; byte caches [cap, Hkv, row_bytes] of ws.kv_type;
-    q_out [H, D] fp32. Writes the K/V row at status[2]. One kernel launch (two with
-    TIGHTFIT_KVWRITE=warp), no host work beyond the launch (graph-capturable).
+    q_out [H, D] fp32. Writes the K/V row at status[2]. One kernel launch,
+    no host work beyond it (graph-capturable).
     rotate_q: when the K format rotates, q_out = R q (ws.R, the rotation attn_decode_q's
     workspace uses), so the attention can be called with q_rotated=True and skip its q-rotation
     launch (the H q programs do it next to the K programs' own R k; a non-rotating K format
@@ -230,21 +196,14 @@ def qk_prep_q(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps
     kf, vf = (get_format(n) for n in split_kv_type(ws.kv_type))
     (kcb, kmid, kinvf), (vcb, vmid, vinvf) = ws.tabs
     on = pdl.enabled(q_out.device)
-    layout = os.environ.get(ENV_LAYOUT, "row")
-    if layout not in ("row", "warp"):
-        raise ValueError(f"{ENV_LAYOUT}={layout!r}: expected row or warp")
-    warp = layout == "warp"
-    _qkv_write_kernel[(H if warp else H + 2 * Hkv,)](
+    _qkv_write_kernel[(H + 2 * Hkv,)](
         qg, k, v, qn_w, kn_w, cos, sin, ws.R, ws.k, ws.v, q_out, kcache, vcache,
         kcb, kmid, kinvf, vcb, vmid, vinvf, status, H, Hkv, float(eps),
-        math.sqrt(kf.group), math.sqrt(vf.group), D=D, HALF=cos.shape[1], BK=min(16, D),
+        math.sqrt(kf.group), math.sqrt(vf.group), D=D, HALF=cos.shape[1], HA=hadamard_split(D) if kf.rotate or vf.rotate else 1,
         KB=kf.bits, KG=kf.group, KNL=1 << kf.bits if kf.rotate else 1, KROT=kf.rotate,
         VB=vf.bits, VG=vf.group, VNL=1 << vf.bits if vf.rotate else 1, VROT=vf.rotate,
-        SEARCH=ws.search, PDL=on, QROT=bool(rotate_q and kf.rotate), BJ=min(QROT_BJ, D),
+        SEARCH=ws.search, PDL=on, QROT=bool(rotate_q and kf.rotate),
         launch_pdl=on, num_warps=4)
-    if warp:                  # the K/V rows, one warp per norm block (kv_write_q_warp)
-        from tightfit.kernels.kv_write_q_warp import write_kv_blocks
-        write_kv_blocks(k, v, kn_w, cos, sin, kcache, vcache, status, eps, ws)
     return q_out
 
 
