@@ -77,9 +77,12 @@ def capture(fn) -> "torch.cuda.CUDAGraph":
     return g
 
 
-def check_graph_replay(gemv, t: int, n: int, n_in: int = 5120, n_out: int = 1024) -> None:
+def check_graph_replay(gemv, t: int, n: int, n_in: int = 5120, n_out: int = 1024,
+                       atomic: bool = False) -> None:
     """Activation quantization + `gemv(act, w, t, n_out, out)` captured in a CUDA graph and
-    replayed on fresh x (output poisoned before each replay) equals the eager call bitwise."""
+    replayed on fresh x (output poisoned before each replay) equals the eager call bitwise;
+    atomic=True (kernels that add split tiles atomically: the fp32 summation order differs
+    between runs): within 1e-5 relative and 1e-5 of max |out|."""
     from tightfit.kernels.quantize_act import quantize_act
     w = rand_weights(t, n_out, n_in, 11)
     x = torch.randn(n, n_in, device="cuda")
@@ -94,4 +97,7 @@ def check_graph_replay(gemv, t: int, n: int, n_in: int = 5120, n_out: int = 1024
         ref = gemv(quantize_act(x, 0), w, t, n_out, torch.empty(n, n_out, device="cuda"))
         torch.cuda.synchronize()
         assert not torch.isnan(out).any()
-        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        if atomic:
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+        else:
+            torch.testing.assert_close(out, ref, rtol=0, atol=0)

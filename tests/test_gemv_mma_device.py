@@ -82,7 +82,7 @@ def test_device_many_columns():
 
 @pytest.mark.parametrize("t", [12, 14], ids=NAMES.get)
 def test_cuda_graph_capture(t):
-    check_graph_replay(gm.gemv_mma, t, 5)
+    check_graph_replay(gm.gemv_mma, t, 5, atomic=True)     # stream-K tiles added atomically
 
 
 def test_bad_inputs():

@@ -106,13 +106,15 @@ def test_split_rows_from_device_T():
         _check(out, ref)
 
 
-@pytest.mark.parametrize("kv_type", ["q8_0", "tq3", "tq4_128+tq2", "tq3_128+q8_0"])
-def test_write_kernel_matches_reference(kv_type):
+@pytest.mark.parametrize("kv_type,D", [("q8_0", 128), ("tq3", 128), ("tq4_128+tq2", 128),
+                                        ("tq3_128+q8_0", 128), ("tq3", 256)])
+def test_write_kernel_matches_reference(kv_type, D):
     """qk_prep_q writes the same bytes and q as the torch path (its rotations in registers,
-    tightfit.kernels.rht; the torch path's a dense product with R)."""
+    tightfit.kernels.rht; the torch path's a dense product with R). D = 256 is the 27B head, the
+    16 x 16 split that Triton once compiled to a TF32 dot."""
     from tightfit.kernels import attn_decode as A
     from tightfit.kernels import kv_write_q as KW
-    H, Hkv, D, pos = 4, 2, 128, 5
+    H, Hkv, pos = 4, 2, 5
     g = torch.Generator().manual_seed(4)
     qg, k, v = torch.randn(H, 2 * D, generator=g), torch.randn(Hkv * D, generator=g), \
         torch.randn(Hkv * D, generator=g)
