@@ -64,22 +64,27 @@ def _quant_row(yv, dst, b, cb_ptr, mid_ptr, invf_ptr, sqrt_g, D: tl.constexpr, W
         u = y / (tl.maximum(g, 1e-30) / sqrt_g)[:, None]
         best = tl.full([NB], -1.0, tl.float32)
         bidx = tl.zeros([NB, G], tl.int32)
+        bcv = tl.zeros([NB, G], tl.float32)
         for c in tl.static_range(SEARCH):
             if SEARCH > 1:
                 w = u * tl.load(invf_ptr + c)
             else:
                 w = u
+            # nearest level by counting midpoints; C[idx] follows by selects (the midpoints
+            # increase, so the last one passed names the level): no gather from the codebook
             idx = tl.zeros([NB, G], tl.int32)
+            cv = tl.zeros([NB, G], tl.float32) + tl.load(cb_ptr)
             for m in tl.static_range(NL - 1):
-                idx += (w > tl.load(mid_ptr + m)).to(tl.int32)
-            cv = tl.load(cb_ptr + idx)
+                gt = w > tl.load(mid_ptr + m)
+                idx += gt.to(tl.int32)
+                cv = tl.where(gt, tl.load(cb_ptr + m + 1), cv)
             yc = tl.sum(y * cv, axis=1)
             score = yc * yc / tl.maximum(tl.sum(cv * cv, axis=1), 1e-30)
             better = score > best
             bidx = tl.where(better[:, None], idx, bidx)
+            bcv = tl.where(better[:, None], cv, bcv)
             best = tl.where(better, score, best)
-        cv = tl.load(cb_ptr + bidx)
-        s = g / tl.sqrt(tl.sum(cv * cv, axis=1))
+        s = g / tl.sqrt(tl.sum(bcv * bcv, axis=1))
         s = tl.minimum(tl.maximum(s, -65504.0), 65504.0)
         flat = tl.reshape(bidx, [W])
         if BITS == 4:
