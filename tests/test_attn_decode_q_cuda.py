@@ -98,6 +98,10 @@ CASES = [  # kv_type, H, Hkv, D, T, (n_chunks, chunk)
     ("tq3", 8, 2, 128, 61, (3, 16)),
     ("q8_0+tq4", 4, 1, 128, 50, (2, 16)),
     ("tq4_128+tq3", 6, 1, 256, 40, (2, 16)),
+    # more chunks launched than rows need (16 rows each: chunks 3..7 empty, as at depth 0 in the
+    # captured step): the empty CTAs leave at once, the merge reads chunks 0..2 only
+    ("tq3", 12, 2, 256, 40, (8, 16)),
+    ("q8_0+tq3", 6, 1, 128, 17, (6, 16)),
 ]
 
 

@@ -245,23 +245,15 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
     const int ntiles = end > start ? (end - start + 15) / 16 : 0;
     const int ntw = ntiles > w ? (ntiles - w + NW - 1) / NW : 0;
 
+    // split-K: a CTA past the last row has nothing to write either (the merge reads only the
+    // chunks holding rows, nv = ceil(T / rows per CTA)): leave before any setup (at depth 0 all
+    // but one CTA per KV head; CTA-uniform, so no barrier is skipped by part of the CTA)
+    if (split && ntiles == 0) return;
+
     u32* qsm = (u32*)smem;                              // [KS][32 lanes][4] A fragments of q
     u8* ring = smem + KS * 32 * 16;
-    for (int i = tid; i < KS * 32; i += NW * 32) {
-        const int s = i >> 5, ln = i & 31, gg = ln >> 2, cc = ln & 3;
-        float v[4];
-        for (int j = 0; j < 4; j++)
-            v[j] = gg < GRP ? q_rot[(i64)(kvh * GRP + gg) * HD + kdim<KB>(s >> 1, s & 1, j, cc)]
-                                  * qk_scale : 0.f;
-        u32 h01 = f2h2(v[0], v[1]), h23 = f2h2(v[2], v[3]);
-        qsm[4 * i + 0] = h01;
-        qsm[4 * i + 1] = f2h2(v[0] - h2f(h01 & 0xFFFFu), v[1] - h2f(h01 >> 16));
-        qsm[4 * i + 2] = h23;
-        qsm[4 * i + 3] = f2h2(v[2] - h2f(h23 & 0xFFFFu), v[3] - h2f(h23 >> 16));
-    }
-    const CbTab KT = make_tab(kcb), VT = make_tab(vcb);
-    syncthreads();
-
+    // the first tiles' cp.async copies go out before the q / codebook setup below, so their
+    // DRAM latency overlaps it (the ring does not overlap the q fragments)
     u8* wring = ring + w * NST * STAGE;
     // issue the raw rows of this warp's tile `it` into ring slot it % NST (always commits).
     // Chunk i = lane + 32 j of a tile is (row r = i / NK, piece i % NK): its 32-bit global offset
@@ -319,6 +311,21 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
         cp_commit();
     };
     for (int p = 0; p < NST - 1; p++) issue(p);
+
+    for (int i = tid; i < KS * 32; i += NW * 32) {
+        const int s = i >> 5, ln = i & 31, gg = ln >> 2, cc = ln & 3;
+        float v[4];
+        for (int j = 0; j < 4; j++)
+            v[j] = gg < GRP ? q_rot[(i64)(kvh * GRP + gg) * HD + kdim<KB>(s >> 1, s & 1, j, cc)]
+                                  * qk_scale : 0.f;
+        u32 h01 = f2h2(v[0], v[1]), h23 = f2h2(v[2], v[3]);
+        qsm[4 * i + 0] = h01;
+        qsm[4 * i + 1] = f2h2(v[0] - h2f(h01 & 0xFFFFu), v[1] - h2f(h01 >> 16));
+        qsm[4 * i + 2] = h23;
+        qsm[4 * i + 3] = f2h2(v[2] - h2f(h23 & 0xFFFFu), v[3] - h2f(h23 >> 16));
+    }
+    const CbTab KT = make_tab(kcb), VT = make_tab(vcb);
+    syncthreads();
 
     float m_run = TF_NEG_INF, l_run = 0.f;
     float acc[KS][4];
