@@ -232,10 +232,6 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
     // PDL: status, q and the cache rows come from the kernels before this one (the codebooks
     // too, conservatively): nothing is read before the wait, which every thread executes.
     gdc_wait();
-    // the next kernel (the split-K merge) may launch now and wait at its own gdc_wait: as the
-    // Triton kernels of the step do. (Triggered after the main loop before: session 8 measured
-    // tq3 level with f16 at 32K with PDL off, 3 % behind with it on.)
-    gdc_launch_dependents();
     const int T = status[2] + 1;
     int start = 0, end = T;
     if (split) {
@@ -472,6 +468,7 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
             }
         }
     }
+    gdc_launch_dependents();                        // main loop done: only the merge is left
     cp_wait<0>();
     syncthreads();                                  // every warp done with the ring
     // ---- merge the warps of the CTA through shared memory
