@@ -23,9 +23,9 @@ rows from the mmap. For each budget (default 16, 12, 8 GiB), in a fresh child pr
   per call and by kernel type, "kernel-only GB/s" (host bytes / kernel time); getrusage and
   cgroup cpu.stat deltas (context switches, page faults, throttling) over the profiled steps;
   threading facts (numba layer and threads, torch threads, OMP/MKL/... env, cpu count, affinity,
-  cgroup cpu.max, SMT siblings, transparent huge pages); and an A/B of the largest and the
-  slowest host group on the mmap rows vs an anonymous copy of the same bytes (page cache 4 KiB
-  pages vs anonymous memory). All in the JSON ("host_profile"), the tables printed.
+  cgroup cpu.max, SMT siblings, transparent huge pages). All in the JSON ("host_profile"), the
+  tables printed. (An A/B of host rows in the mapping vs an anonymous huge-page copy ran until
+  session 8: no gain in the full decode, RESULTS.md.)
 
 Device run (wheels as in bench/e2e.py's docstring):
   run(carry=[".whl"]): python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir
@@ -147,36 +147,6 @@ def _decode(exe, st, n: int, tok: int = 3) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def mmap_vs_anon(exe, groups, reps: int = 5) -> list[dict]:
-    """The same host group's kernel on its mmap rows (page cache) and on an anonymous copy."""
-    import numpy as np
-    from tightfit.kernels.cpu_gemv import Group
-    out = []
-    for names in groups:
-        G = exe._hgroups.get(tuple(names))
-        if G is None:
-            continue
-        x = np.random.default_rng(0).standard_normal(G.group.k).astype(np.float32)
-        y = np.empty(G.n_rows, np.float32)
-
-        def med(g) -> float:
-            g.gemv(x, out=y)
-            ts = []
-            for _ in range(reps):
-                t0 = time.perf_counter_ns()
-                g.gemv(x, out=y)
-                ts.append(time.perf_counter_ns() - t0)
-            return float(np.median(ts))
-        t_map = med(G.group)
-        anon = Group([(np.array(h.w), h.qtype) for h in G.rows])    # np.array: a private copy
-        t_anon = med(anon)
-        del anon
-        out.append({"names": list(names), "bytes": G.nbytes, "mmap_ms": t_map / 1e6,
-                    "anon_ms": t_anon / 1e6, "mmap_GBps": G.nbytes / t_map,
-                    "anon_GBps": G.nbytes / t_anon})
-    return out
-
-
 def host_profile_runs(exe, st, args) -> dict:
     """The profiled decode (see the module docstring)."""
     from tightfit.kernels import cpu_gemv
@@ -210,20 +180,6 @@ def host_profile_runs(exe, st, args) -> dict:
             print(s["table"], flush=True)
             print(f"per token: {s['rusage_per_token']}; cgroup: {s['cgroup_cpu_stat_delta']}",
                   flush=True)
-        cpu_gemv.set_threads(pool)
-        first = res["runs"][0] if res["runs"] else {}
-        groups = []
-        if exe._hgroups:
-            big = max(exe._hgroups.items(), key=lambda kv: kv[1].nbytes)[0]
-            groups.append(list(big))
-        for c in first.get("slowest_calls", [])[:2]:
-            if c["names"] not in groups:
-                groups.append(c["names"])
-        res["mmap_vs_anon"] = ab = mmap_vs_anon(exe, groups)
-        for a in ab:
-            print(f"A/B {'+'.join(a['names'])}: {a['bytes'] / 1e6:.1f} MB, mmap {a['mmap_ms']:.2f} ms"
-                  f" ({a['mmap_GBps']:.1f} GB/s), anonymous copy {a['anon_ms']:.2f} ms "
-                  f"({a['anon_GBps']:.1f} GB/s)", flush=True)
     finally:
         cpu_gemv.set_threads(pool)
         exe.host_profile = None
@@ -415,9 +371,6 @@ def main() -> int:
             print(f"planned host GEMV estimate ({r.get('split_order')} order): "
                   f"{r['host_ms_est']:.1f} ms/token ({by}); measured "
                   f"{r.get('ms_per_token', float('nan')):.1f} ms/token in all")
-        for a in hp.get("mmap_vs_anon", []):
-            print(f"A/B {'+'.join(a['names'])}: mmap {a['mmap_GBps']:.1f} GB/s, anonymous copy "
-                  f"{a['anon_GBps']:.1f} GB/s ({a['bytes'] / 1e6:.1f} MB)")
         if hp.get("facts"):
             f = hp["facts"]
             print(f"threads: numba {f['numba_layer']} {f['numba_threads']} (pool {f['numba_pool']}),"

@@ -265,26 +265,3 @@ def test_triton_interpreter_split(tmp_path):
         rs, gs = ref.new_state(CTX), exe.new_state(CTX)
         _close(exe.forward([5, 6, 7], gs, logits="all"), ref.forward([5, 6, 7], rs, logits="all"),
                1e-4)
-
-
-def test_host_rows_in_anonymous_memory(small, monkeypatch):
-    """TIGHTFIT_HOST_ROWS=anon (arena.host_copy): every host segment is a copy in anonymous
-    memory (no byte shared with the file mapping) with the same bytes, and the executor still
-    matches the reference."""
-    from tightfit.model.placed import replace_host_rows
-    from tightfit.plan.arena import host_view
-    path, mf, ref = small
-    inv, full = _full(path)
-    rows = {f"blk.{il}.{k}.weight": 2 * SPLIT_ROW_QUANTUM
-            for il in range(4) for k in ("ffn_gate", "ffn_up", "ffn_down")}
-    plan = replace_host_rows(full, rows)
-    monkeypatch.setenv("TIGHTFIT_HOST_ROWS", "anon")
-    exe = _exe(mf, plan)
-    pl = exe.placed
-    mapped = np.frombuffer(pl.mm, dtype=np.uint8)
-    assert len(pl.host) == len(rows)
-    for seg in pl.placement.host_segments():
-        h = pl.host[seg.tensor]
-        assert not np.shares_memory(h.w, mapped)
-        assert np.array_equal(h.w, host_view(pl.mm, inv.tensors[seg.tensor], seg))
-    _compare(exe, ref, seed=21, n_prompt=5, n_decode=2)

@@ -237,8 +237,6 @@ def test_plan_vram_profile_helpers(model, monkeypatch, capsys):
     for r in res["runs"]:
         assert r["tokens"] == 2 and r["kernel_only_GBps"] > 0 and "table" in r
         assert r["rusage_per_token"]["minflt"] >= 0
-    ab = res["mmap_vs_anon"]
-    assert ab and all(a["mmap_GBps"] > 0 and a["anon_GBps"] > 0 for a in ab)
     f = res["facts"]
     assert f["numba_threads"] >= 1 and f["torch_threads"] >= 1 and "env" in f
     assert "kernel-only GB/s" in capsys.readouterr().out

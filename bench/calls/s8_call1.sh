@@ -1,4 +1,5 @@
 #!/bin/bash
+# (Historical record: TIGHTFIT_KVWRITE and the warp write kernel it measured were removed in 60cd58b: slower.)
 # Next session, device call 1 (carry [".whl", ".tcache_in", ".fixtures"]; .tcache_in = session 7
 # call 5's pruned cache). Compile-checked offline first: `PYTHONPATH=$PWD /tmp/tri36/bin/python
 # scripts/compile_check.py -k kv_write -k kv_block` (and --pdl).

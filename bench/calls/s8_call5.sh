@@ -1,4 +1,5 @@
 #!/bin/bash
+# (Historical record: TIGHTFIT_HOST_ROWS=anon, arena.host_copy and plan_vram's mmap/anon A/B were removed after this call: no gain.)
 # Session 8, device call 5 (carry [".whl", ".tcache_in", ".fixtures"]).
 #  - issue 11: tq3 vs f16 decode at 0 / 32K (two runs, f16 control in the same process) with the
 #    attention kernel at 4 warps per CTA (call 4: 36.8 vs 46.8 us per layer at 32K) and the write

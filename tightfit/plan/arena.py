@@ -330,34 +330,6 @@ def host_view(mm: mmap.mmap, tensor: Any, seg: Segment) -> np.ndarray:
     return as_rows(mm, rb, seg.row_end - seg.row_start, int(tensor.offset) + seg.byte_start)
 
 
-def host_copy(mm: mmap.mmap, path: str | os.PathLike, tensor: Any, seg: Segment) -> np.ndarray:
-    """A host segment moved into anonymous memory (TIGHTFIT_HOST_ROWS=anon, an A/B candidate of
-    issue 5): the mapping's pages are slower to stream than anonymous ones on the device hosts
-    (session 6, call 3: 73-95 vs 89-105 GB/s on one matrix), likely 4 KiB page-table walks.
-    The copy asks for transparent huge pages, then the file range is unmapped from this process
-    and dropped from the page cache, so the rows stay resident once (RSS instead of page cache),
-    never twice. Returns the same (rows, row_bytes) view shape as host_view."""
-    src = host_view(mm, tensor, seg)
-    n = int(src.nbytes)
-    buf = mmap.mmap(-1, max(n, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    dst = np.frombuffer(buf, dtype=np.uint8, count=n).reshape(src.shape)
-    dst[...] = src
-    lo = int(tensor.offset) + seg.byte_start
-    page = mmap.PAGESIZE
-    a, b = lo // page * page, min(-(-(lo + n) // page) * page, len(mm))
-    if hasattr(mmap, "MADV_DONTNEED") and b > a:
-        mm.madvise(mmap.MADV_DONTNEED, a, b - a)      # this process's PTEs of the range
-    if hasattr(os, "posix_fadvise"):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, a, b - a, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return dst
-
-
 def embed_tokens(mm: mmap.mmap, tensor: Any, token_ids: Any) -> np.ndarray:
     """Host embedding (seed 004): decode only the looked-up rows of token_embd on the CPU."""
     from tightfit.kernels.cpu_gemv import as_rows, decode_rows
