@@ -40,8 +40,10 @@ attention, `_reduce_q_kernel` (merge, grid (H,)), `_rowmat_kernel` (un-rotation 
 measured at 32K on the H200 those three cost ~45 us per layer around a 45 us attention kernel.
 TIGHTFIT_ATTNQ_XCFG tunes the new kernels' tiles (XCFG).
 R is the [D, D] float32 rotation matrix (D2 H D1 / sqrt(D)); step 1 reads row tiles R[j, :],
-step 3 column tiles R[:, j] (a dense product: at D = 256 a tile from L2 costs less than a
-register Walsh-Hadamard transform would, and R stays the one workspace input).
+step 3 column tiles R[:, j] (dense products; with PDL the merge reads its tile before its wait, so
+the L2 reads overlap the attention kernel. The decode step's q rotation is done in registers by
+kv_write_q instead (tightfit.kernels.rht): there a dense R streamed from L2 in 16 serial tiles
+cost ~20 us per layer, session 8).
 
 Workspace (`QuantAttnWorkspace`): R (D*D*4 B), two codebooks (16 floats each), q_rot and o_rot
 (H*D*4 B each) and, for split-K, m, l [H, n_chunks] + acc [H, n_chunks, D] fp32, the same

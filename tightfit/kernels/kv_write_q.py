@@ -204,7 +204,8 @@ def qk_prep_q(qg, k, v, qn_w, kn_w, cos, sin, kcache, vcache, q_out, status, eps
     _qkv_write_kernel[(H + 2 * Hkv,)](
         qg, k, v, qn_w, kn_w, cos, sin, ws.R, ws.k, ws.v, q_out, kcache, vcache,
         kcb, kmid, kinvf, vcb, vmid, vinvf, status, H, Hkv, float(eps),
-        math.sqrt(kf.group), math.sqrt(vf.group), D=D, HALF=cos.shape[1], HA=hadamard_split(D) if kf.rotate or vf.rotate else 1,
+        math.sqrt(kf.group), math.sqrt(vf.group), D=D, HALF=cos.shape[1],
+        HA=hadamard_split(D) if kf.rotate or vf.rotate else 1,
         KB=kf.bits, KG=kf.group, KNL=1 << kf.bits if kf.rotate else 1, KROT=kf.rotate,
         VB=vf.bits, VG=vf.group, VNL=1 << vf.bits if vf.rotate else 1, VROT=vf.rotate,
         SEARCH=ws.search, PDL=on, QROT=bool(rotate_q and kf.rotate),
