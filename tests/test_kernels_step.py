@@ -55,18 +55,41 @@ def test_swiglu_and_gated_rmsnorm():
     _close(N.gated_rmsnorm(o, z, w, 1e-6, r1), N.gated_rmsnorm_ref(o, z, w, 1e-6, r2))
 
 
-@pytest.mark.parametrize("bad", [None, "nan", "inf"])
+@pytest.mark.parametrize("bad", [None, "nan", "inf", "a-last", "a-first-block-of-p3"])
 def test_commit(bad):
-    a = torch.randn(5000).to(DEV)
-    b = torch.randn(77).to(DEV)
-    if bad:
-        b[13] = float(bad)
+    """The multi-program scan (here 40 programs over a, b of 5 + 35 blocks) finds one bad value
+    wherever it is; the last program decides, and the counter word is back to 0 afterwards."""
+    a = torch.randn(5 * N.COMMIT_BLOCK - 3).to(DEV)
+    b = torch.randn(35 * N.COMMIT_BLOCK - 5).to(DEV)
+    if bad in ("nan", "inf"):
+        b[-13] = float(bad)
+    elif bad == "a-last":
+        a[-1] = float("nan")
+    elif bad == "a-first-block-of-p3":
+        a[3 * N.COMMIT_BLOCK] = float("-inf")
     s1 = torch.tensor([0, 0, 7, 0], dtype=torch.int32, device=DEV)
     s2 = s1.clone()
     N.commit(a, b, s1, 1)
     N.commit_ref(a, b, s2, 1)
     assert s1.tolist() == s2.tolist()
     assert s1.tolist() == ([1, 0, 8, 0] if bad is None else [0, 1, 7, 0])
+    N.commit(a[:100], b[:7], s1, 2)        # one program; a second commit after the first
+    N.commit_ref(a[:100], b[:7], s2, 2)
+    assert s1.tolist() == s2.tolist()
+
+
+def test_commit_many_programs_finite():
+    """More blocks than COMMIT_PROGRAMS: programs loop; all finite commits."""
+    n = (N.COMMIT_PROGRAMS + 7) * N.COMMIT_BLOCK
+    a, b = torch.zeros(n).to(DEV), torch.ones(3).to(DEV)
+    a[-2] = float("inf")
+    s = torch.tensor([1, 0, 0, 0], dtype=torch.int32, device=DEV)
+    N.commit(a, b, s, 1)
+    assert s.tolist() == [1, 1, 0, 0]
+    a[-2] = 0.0
+    s = torch.tensor([1, 0, 0, 0], dtype=torch.int32, device=DEV)
+    N.commit(a, b, s, 3)
+    assert s.tolist() == [0, 0, 3, 0]
 
 
 @pytest.mark.parametrize("active", [0, 1])

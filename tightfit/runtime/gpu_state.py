@@ -10,8 +10,8 @@ step can be captured as a CUDA graph and replayed:
 * recurrent state, double-banked: `conv` [2, n_rec, K-1, conv_dim] fp32 and `ssm`
   [2, n_rec, Hv, S, S] fp32 ([head, key, value], heads in GGUF tiled order);
 * the status word `status` int32 [4] on the device: (active bank, sticky non-finite flag,
-  device position, spare). Kernels read the active bank and the position from it; the step's
-  last kernel (tightfit.kernels.norm.commit) flips the bank and advances the position only if
+  device position, the commit scan's counter: 0 between launches). Kernels read the active
+  bank and the position from it; the step's last kernel (tightfit.kernels.norm.commit) flips the bank and advances the position only if
   the step's hidden state and logits are finite, otherwise it sets the flag.
 
 The host keeps an optimistic mirror `pos` (to choose the attention mode and check overflow
