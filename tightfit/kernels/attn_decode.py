@@ -79,18 +79,10 @@ def rope_tables(n_ctx: int, n_rot: int, freq_base: float, rot_mask: torch.Tensor
 # ---- q/k norm + RoPE + KV append ----------------------------------------------------------------
 @triton.jit
 def _norm_rope(src, w_ptr, cos_ptr, sin_ptr, pos, eps, D: tl.constexpr, HALF: tl.constexpr):
-    x = tl.load(src + tl.arange(0, D))
+    d = tl.arange(0, D)
+    x = tl.load(src + d)
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-    return _norm_rope_at(src, w_ptr, cos_ptr, sin_ptr, pos, r, 0, D, HALF)
-
-
-@triton.jit
-def _norm_rope_at(src, w_ptr, cos_ptr, sin_ptr, pos, r, d0, W: tl.constexpr, HALF: tl.constexpr):
-    """RMSNorm (1/rms r of the whole row, given) + partial NEOX RoPE of the row at src, at the W
-    indices d0 .. d0+W-1 only (`_norm_rope`: all of them). The indices are built here: under the
-    interpreter a tensor made in another module's kernel cannot meet this module's `tl`."""
-    d = d0 + tl.arange(0, W)
-    xn = tl.load(src + d) * r * tl.load(w_ptr + d)
+    xn = x * r * tl.load(w_ptr + d)
     partner = tl.where(d < HALF, d + HALF, tl.where(d < 2 * HALF, d - HALF, d))
     xp = tl.load(src + partner) * r * tl.load(w_ptr + partner)
     rot = d < 2 * HALF

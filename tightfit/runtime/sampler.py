@@ -61,9 +61,7 @@ GREEDY = SamplingParams(temperature=0.0)
 def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> np.ndarray:
     """Repetition (multiplicative, llama.cpp/CTRL style) and OpenAI presence/frequency penalties
     over the last `repeat_last_n` tokens. Returns a new array only when something changes."""
-    if p.repeat_last_n == 0 or not history:
-        return logits
-    if p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0:
+    if not p.penalized or not history:
         return logits
     window = history if p.repeat_last_n == -1 else history[-p.repeat_last_n:]
     counts = Counter(int(t) for t in window)

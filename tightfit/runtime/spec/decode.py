@@ -296,7 +296,8 @@ class SpeculativeEngine:
                     q = draft.q[i] if draft.q else None
                     if force_rng is not None:
                         ok = bool(force_rng.random() < s.force_accept)
-                        tok = dtoks[i] if ok else (am[i] if am is not None else acc.target(row, history))
+                        tok = dtoks[i] if ok else \
+                            (am[i] if am is not None else acc.target(row, history))
                     elif am is not None:
                         tok = am[i]
                         ok = tok == dtoks[i]
