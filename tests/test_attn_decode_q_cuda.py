@@ -183,3 +183,60 @@ def test_device_cuda_path(kv_type):
         AQ.attn_decode_q(a[0], a[1], a[2], a[3], out, st, ws, n_chunks=n, chunk=256,
                          backend="cuda")
         check_close(out.double().cpu(), ref)
+
+
+def _banks_of_merge_store(D, vb, nw_row_stride):
+    """Banks hit by the 32 lanes of one accumulator store in the kernel's closing merge (the
+    warp's lane (g, c) writes row 2c, dim vdim(i, 0, g) placed at d + d // 32), per i."""
+    out = []
+    for i in range(D // 16):
+        banks = []
+        for lane in range(32):
+            g, c = lane >> 2, lane & 3
+            vpt = D // 8
+            if vb in (2, 3):
+                blk, r0 = (vpt * g) >> 5, ((vpt * g) & 31) >> 2
+                d = 32 * blk + 16 * (i & 1) + r0 + (i >> 1)
+            else:
+                d = vpt * g + 2 * i
+            banks.append((2 * c * nw_row_stride + d + d // 32) % 32)
+        out.append(banks)
+    return out
+
+
+@pytest.mark.parametrize("D", [128, 256])
+@pytest.mark.parametrize("vb", [2, 3, 4, 8])
+def test_merge_layout_matches_kernel_and_has_no_bank_conflict(build_dir, D, vb):
+    """The host's smem size and accumulator stride are the kernel's own macros (a mismatch
+    would make the GPU kernel run past its shared memory), and with that stride one fragment
+    store of a warp touches 32 distinct banks (ncu, session 9: the plain layout was a 32-way
+    conflict, 89 % of the kernel's shared-memory wavefronts)."""
+    kf = get_format("tq3")
+    vf = get_format({2: "tq2", 3: "tq3", 4: "tq4", 8: "q8_0"}[vb])
+    exe = _build(build_dir, kf, vf, D)
+    smem, rs = map(int, subprocess.run([exe, "--smem"], check=True, capture_output=True,
+                                       text=True).stdout.split())
+    d = C.defines(kf.bits, kf.group, vf.bits, vf.group, D)
+    assert rs == C.acc_row_stride(D, vf.bits)
+    assert smem == C.smem_bytes(kf.bits, kf.group, vf.bits, vf.group, D, d["NST"], d["NW"])
+    for banks in _banks_of_merge_store(D, vf.bits, rs):
+        assert len(set(banks)) == 32, banks
+    # rows of plain D floats (no padding) conflict: the check can fail
+    assert any(len(set(b)) < 32 for b in _banks_of_merge_store(D, vf.bits, D))
+
+
+@pytest.mark.parametrize("n_ctas,fit,want", [(256, 4, 2), (32, 2, 1), (132, 4, 1), (528, 4, None),
+                                             (600, 4, None), (1, 4, 1)])
+def test_spread_smem_caps_ctas_per_sm(monkeypatch, n_ctas, fit, want):
+    """The launch's shared memory lets exactly ceil(grid / SMs) CTAs share an SM (never more than
+    the SM's opt-in maximum), or is the build's own when the grid fills every SM anyway;
+    TIGHTFIT_ATTNQ_SPREAD=0 turns it off."""
+    monkeypatch.delenv(C.ENV_SPREAD, raising=False)
+    sm, ssm = 51200, C.SMEM_SM
+    got = C.spread_smem(sm, n_ctas, 132, fit, ssm)
+    if want is None:
+        assert got == sm
+    else:
+        assert ssm // (got + 1024) == want and got <= ssm - 1024 and got >= sm
+    monkeypatch.setenv(C.ENV_SPREAD, "0")
+    assert C.spread_smem(sm, n_ctas, 132, fit, ssm) == sm

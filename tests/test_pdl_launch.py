@@ -319,3 +319,18 @@ def test_launch_without_pdl_is_cupys_call(monkeypatch):
     args = (np.uint64(1), np.int32(2))
     rt.launch(fn, [3, 1, 1], (128, 1, 1), args, shared_mem=64, stream_ptr=0x55, device=1)
     assert calls == [((3, 1, 1), (128, 1, 1), args, {"shared_mem": 64, "stream": ("stream", 0x55, 1)})]
+
+
+def test_pdl_off_names_one_launch(monkeypatch):
+    """TIGHTFIT_PDL_OFF turns PDL off for the named launches only, and never on where the main
+    switch is off."""
+    from tightfit.kernels import pdl
+    monkeypatch.setattr(pdl, "_capable", lambda idx: True)
+    monkeypatch.setenv("TIGHTFIT_PDL", "1")
+    monkeypatch.setenv("TIGHTFIT_PDL_OFF", "attnq_cuda, other")
+    assert pdl.enabled(0) and pdl.enabled(0, "gemv")
+    assert not pdl.enabled(0, "attnq_cuda") and not pdl.enabled(0, "other")
+    monkeypatch.setenv("TIGHTFIT_PDL_OFF", "")
+    assert pdl.enabled(0, "attnq_cuda")
+    monkeypatch.setenv("TIGHTFIT_PDL", "0")
+    assert not pdl.enabled(0, "gemv")

@@ -21,6 +21,10 @@ static void wr(const std::string& p, const void* d, size_t n) {
 }
 
 int main(int argc, char** argv) {
+    if (argc == 2 && std::string(argv[1]) == "--smem") {    // the build's layout constants
+        std::printf("%d %d\n", (int)TF_SMEM_BYTES, (int)TF_ACC_RS);
+        return 0;
+    }
     if (argc != 11) { std::fprintf(stderr, "bad args\n"); return 1; }
     std::string dir = argv[1];
     int Hkv = std::atoi(argv[2]), GRP = std::atoi(argv[3]), NCH = std::atoi(argv[4]),

@@ -28,6 +28,7 @@ TILE = 16                    # rows per tile (= BT of the split-K row formula)
 SMEM_SM = 228 << 10          # shared memory per SM (sm_90: 228 KiB; 1 KiB reserved per CTA)
 N_SM_DEFAULT = 132
 ENV_NW, ENV_NST, ENV_NL = "TIGHTFIT_ATTNQ_NW", "TIGHTFIT_ATTNQ_NST", "TIGHTFIT_ATTNQ_NL"
+ENV_SPREAD = "TIGHTFIT_ATTNQ_SPREAD"
 
 
 def row_bytes(bits: int, group: int, D: int) -> int:
@@ -61,9 +62,20 @@ def stages(kb: int, kg: int, vb: int, vg: int, D: int, nw: int = NW,
     return max(2, min(4, budget // (nw * st)))
 
 
+def acc_row_stride(D: int, vb: int) -> int:
+    """Floats per accumulator row of the kernel's closing merge (TF_ACC_RS in attn_q.cuh): dim d
+    at d + d // 32, rows padded so one fragment store of a warp hits 32 distinct banks."""
+    base = D + D // 32
+    if D == 128 and vb >= 4:
+        return base + (6 - base % 4) % 4
+    return base + (20 - base % 16) % 16
+
+
 def smem_bytes(kb: int, kg: int, vb: int, vg: int, D: int, nst: int, nw: int = NW) -> int:
+    """Shared memory of one CTA (TF_SMEM_BYTES in attn_q.cuh): q fragments, then the cp.async
+    ring or, reusing it after the loop, the warps' max / sum / accumulator rows."""
     ring = nw * nst * TILE * (ring_stride(kb, kg, D) + ring_stride(vb, vg, D))
-    return D * 32 + max(ring, nw * (64 + 32 * D))
+    return D * 32 + max(ring, nw * (64 + 32 * acc_row_stride(D, vb)))
 
 
 def ctas_per_sm(kb: int, kg: int, vb: int, vg: int, D: int, nw: int = NW, regs: int = 128,
@@ -88,6 +100,22 @@ def defines(kb: int, kg: int, vb: int, vg: int, D: int, aligned16: bool = True,
     if minb * nw >= 12:
         d["MINB"] = minb
     return d
+
+
+def spread_smem(sm: int, n_ctas: int, n_sm: int, fit: int, smem_sm: int = SMEM_SM) -> int:
+    """Dynamic shared memory to launch with so that at most ceil(n_ctas / n_sm) CTAs fit on an
+    SM (`fit`: what registers and `sm` would allow): every SM then gets its even share however
+    busy the GPU is when the grid starts. With PDL the grid is placed while the kernels before
+    it still hold SMs, and a grid that can stack 4 CTAs on an SM may leave others idle: the
+    chain q-rotation -> attention -> merge at 32K took 71.4 us per layer with PDL vs 46.1
+    without (session 9, bench/kv_quant.py --pieces). TIGHTFIT_ATTNQ_SPREAD=0 launches with `sm`."""
+    if os.environ.get(ENV_SPREAD, "1").strip() in ("0", "off", "false", "no"):
+        return sm
+    want = -(-n_ctas // max(1, n_sm))
+    if want >= fit:
+        return sm
+    padded = smem_sm // (want + 1) - 1024 + 16       # (want + 1) such CTAs no longer fit
+    return max(sm, min(padded, smem_sm - 1024))
 
 
 def choose(kb: int, kg: int, vb: int, vg: int, D: int, n_ctas: int,
@@ -153,8 +181,8 @@ def _kernel(kb: int, kg: int, vb: int, vg: int, D: int, arch: str, aligned16: bo
     mod = cp.RawModule(code=src, options=opts, backend="nvrtc")
     k = mod.get_function("attn_q_kernel")
     sm = smem_bytes(kb, kg, vb, vg, D, defs["NST"], nw)
-    if sm > 48 << 10:
-        k.max_dynamic_shared_size_bytes = sm
+    # opt in to the SM's whole shared memory: spread_smem() may launch with more than sm
+    k.max_dynamic_shared_size_bytes = smem_sm_for(arch) - 1024
     return k, sm, defs
 
 
@@ -203,12 +231,15 @@ def attn(q_rot, kcache, vcache, kcb, vcb, o, m, l, acc, status, kf, vf, grp: int
     n_sm = _n_sm(q_rot.device)
     arch = _arch(q_rot.device)
     nw = choose(kf.bits, kf.group, vf.bits, vf.group, D, n_launch * Hkv, n_sm, smem_sm_for(arch))
-    on = _pdl.enabled(q_rot.device)
+    on = _pdl.enabled(q_rot.device, "attnq_cuda")
     k, sm, defs = _kernel(kf.bits, kf.group, vf.bits, vf.group, D, arch, a16, nw,
                           os.environ.get(ENV_NST), on)
+    regs = _regs(k)
+    fit = ctas_per_sm(kf.bits, kf.group, vf.bits, vf.group, D, nw, regs or 128, smem_sm_for(arch))
+    sm_launch = spread_smem(sm, n_launch * Hkv, n_sm, fit, smem_sm_for(arch))
     last_config.clear()
     last_config.update(defs, n_launch=n_launch, grid=n_launch * Hkv, smem=sm,
-                       regs=_regs(k), sms=n_sm, pdl=on)
+                       smem_launch=sm_launch, regs=regs, sms=n_sm, pdl=on)
     p = lambda t: np.uint64(t.data_ptr())  # noqa: E731
     dev = q_rot.device.index or 0
     sptr = torch.cuda.current_stream(q_rot.device).cuda_stream
@@ -217,7 +248,7 @@ def attn(q_rot, kcache, vcache, kcb, vcb, o, m, l, acc, status, kf, vf, grp: int
                    (p(q_rot), p(kcache), p(vcache), p(kcb), p(vcb), p(o), p(m), p(l), p(acc),
                     p(status), np.int32(Hkv), np.int32(grp), np.int32(nch), np.int32(chunk),
                     np.int32(minr), np.float32(qk_scale), np.int32(1 if split else 0)),
-                   shared_mem=sm, stream_ptr=sptr, device=dev, pdl=on)
+                   shared_mem=sm_launch, stream_ptr=sptr, device=dev, pdl=on)
 
 
 @functools.lru_cache(maxsize=8)

@@ -38,9 +38,18 @@ def _capable(device_index: int) -> bool:
     return major >= 9
 
 
-def enabled(device=None) -> bool:
-    """True when kernels on `device` (torch.device, index or None = current) launch with PDL."""
-    if not _env_on():
+def _off_for(name: str | None) -> bool:
+    """TIGHTFIT_PDL_OFF=name[,name]: kernels launched without PDL while the rest keep it (a
+    diagnosis switch: which launch loses the overlap). Names: attnq_cuda."""
+    if not name:
+        return False
+    return name in {n.strip() for n in os.environ.get("TIGHTFIT_PDL_OFF", "").split(",")}
+
+
+def enabled(device=None, name: str | None = None) -> bool:
+    """True when kernels on `device` (torch.device, index or None = current) launch with PDL
+    (`name`: the launch's name for TIGHTFIT_PDL_OFF)."""
+    if not _env_on() or _off_for(name):
         return False
     if device is None:
         idx = torch.cuda.current_device() if torch.cuda.is_available() else 0

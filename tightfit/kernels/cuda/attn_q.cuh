@@ -124,6 +124,16 @@ TF_DEV void gdc_launch_dependents() {}
 #endif
 #define TF_RB(B, G) ((HD / (G)) * ((G) * (B) / 8 + 2))       // bytes of one cached row
 #define TF_RS(B, G) ((TF_RB(B, G) + 15) / 16 * 16)            // its stride in the ring
+// The closing merge's accumulator rows in shared memory: dim d sits at d + d / 32 (one spare
+// float per 32) in rows of TF_ACC_RS floats. A warp's store of one fragment register has lane
+// (g, c) write row 2c (+1), dim vdim(i, half, g) = 32 g + k (head dim 256; 3-/2-bit V at 128
+// too) or 16 g + k (4-/8-bit V at 128); with the spare float per 32 the g's fall in 8 distinct
+// banks (0..7, or 0..3 and 16..19) and the row stride spreads the c's over the rest: stride = 4
+// mod 16, or 2 mod 4. The plain [HD]-float rows put all 32 lanes in one bank (ncu, session 9:
+// 89 % of the kernel's shared wavefronts were this conflict; ~9 us of 15.6 at 64 rows).
+#define TF_ACC_BASE (HD + HD / 32)
+#define TF_ACC_RS (((HD) == 128 && VB >= 4) ? TF_ACC_BASE + (6 - TF_ACC_BASE % 4) % 4 \
+                                             : TF_ACC_BASE + (20 - TF_ACC_BASE % 16) % 16)
 
 struct CbTab { u32 l0, l1, h0, h1, l2, l3, h2, h3; };   // fp16 low / high bytes of C[0..15]
 
@@ -474,14 +484,16 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
     // ---- merge the warps of the CTA through shared memory
     float* cm = (float*)ring;                       // [NW][8] max
     float* cl = cm + NW * 8;                        // [NW][8] denominators
-    float* ca = cl + NW * 8;                        // [NW][8][HD] accumulators
+    float* ca = cl + NW * 8;                        // [NW][8][TF_ACC_RS] accumulators
+    constexpr int ARS = TF_ACC_RS;
+    auto apos = [](int d) { return d + (d >> 5); };   // bank spread (TF_ACC_RS above)
     l_run += shfl_xor(l_run, 1);
     l_run += shfl_xor(l_run, 2);
     if (c == 0) { cm[w * 8 + g] = m_run; cl[w * 8 + g] = l_run; }
     for (int i = 0; i < KS; i++) {
-        const int d0 = vdim<VB>(i, 0, g), d1 = vdim<VB>(i, 1, g);
-        float* a = ca + (i64)(w * 8 + 2 * c) * HD;
-        a[d0] = acc[i][0]; a[HD + d0] = acc[i][1]; a[d1] = acc[i][2]; a[HD + d1] = acc[i][3];
+        const int d0 = apos(vdim<VB>(i, 0, g)), d1 = apos(vdim<VB>(i, 1, g));
+        float* a = ca + (i64)(w * 8 + 2 * c) * ARS;
+        a[d0] = acc[i][0]; a[ARS + d0] = acc[i][1]; a[d1] = acc[i][2]; a[ARS + d1] = acc[i][3];
     }
     syncthreads();
     if (end > start) {
@@ -495,7 +507,7 @@ TF_DEV void attn_q_body(const float* q_rot, const u8* kc, const u8* vc, const fl
                 if (mw != TF_NEG_INF) {
                     const float f = ex2(mw - M);
                     L += cl[ww * 8 + h] * f;
-                    O += ca[(i64)(ww * 8 + h) * HD + d] * f;
+                    O += ca[(i64)(ww * 8 + h) * ARS + apos(d)] * f;
                 }
             }
             const int head = kvh * GRP + h;
@@ -529,6 +541,7 @@ attn_q_kernel(const float* __restrict__ q_rot, const u8* __restrict__ kc,
 
 // shared memory bytes of one CTA (host side mirrors it in attn_decode_q_cuda.smem_bytes)
 #define TF_SMEM_BYTES (HD * 32 + ((NW * NST * 16 * (TF_RS(KB, KG) + TF_RS(VB, VG))) > \
-    (NW * (64 + 32 * HD)) ? (NW * NST * 16 * (TF_RS(KB, KG) + TF_RS(VB, VG))) : (NW * (64 + 32 * HD))))
+    (NW * (64 + 32 * TF_ACC_RS)) ? (NW * NST * 16 * (TF_RS(KB, KG) + TF_RS(VB, VG))) \
+                                 : (NW * (64 + 32 * TF_ACC_RS))))
 
 #endif  // TF_ATTN_Q_CUH
