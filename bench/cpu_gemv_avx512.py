@@ -2,7 +2,10 @@
 only (x quantized once beforehand), GB/s of weight bytes at 1 thread and at --threads, B = 1.
 
     python bench/cpu_gemv_avx512.py [--rows 17408] [--k 5120] [--reps 9] [--threads N]
-                                    [--formats IQ4_XS,Q4_K,Q5_K,Q6_K]
+                                    [--formats IQ4_XS,Q4_K,Q5_K,Q6_K] [--prefetch 0,1024,2048]
+
+--prefetch: the AVX-512 kernel once per software-prefetch distance (bytes ahead of the block being
+read; 0 = none; tightfit's default is cpu_gemv_avx512.PREFETCH, TIGHTFIT_CPU_PREFETCH).
 
 Random valid blocks as bench/cpu_gemv.py makes them. The two kernels are timed interleaved (best
 of --reps each), with cpu_gemv's dynamic row chunks (~8 per thread). Both outputs are compared
@@ -35,6 +38,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--threads", type=int, default=None, help="default: numba's pool")
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--prefetch", default=str(A.PREFETCH),
+                    help="comma list of prefetch distances in bytes, one AVX-512 column each")
     a = ap.parse_args()
     if not (A.available() and K.HAVE_AVX2):
         sys.exit("needs AVX2 and avx512f + avx512bw + avx512vnni on this host")
@@ -47,31 +52,34 @@ def main() -> None:
     K.quantize_act(x, xq, xd, xs)
     ssc = G.per_thread(G._POOL, 16, np.int16)
     nt_all = a.threads or numba.config.NUMBA_NUM_THREADS
+    pfs = [int(v) for v in a.prefetch.split(",")]
     print(f"M={a.rows} K={a.k} B=1, best of {a.reps}; GB/s of weight bytes (kernel call only)")
-    print(f"{'format':8s} {'MB':>7s} {'1t AVX2':>8s} {'1t 512':>8s} {f'{nt_all}t AVX2':>9s} "
-          f"{f'{nt_all}t 512':>9s} {'max rel diff':>13s}")
+    cols = [f"{nt}t {k}" for nt in (1, nt_all) for k in ["AVX2"] + [f"pf{p}" for p in pfs]]
+    print(f"{'format':8s} {'MB':>7s} " + " ".join(f"{c:>9s}" for c in cols) + f" {'max rel diff':>13s}")
     for name in a.formats.split(","):
         qt, bs, ts, offs = FORMATS[name]
         w = random_blocks(rng, a.rows, a.k, bs, ts, offs)
-        ys = [np.zeros((1, a.rows), np.float32) for _ in range(2)]
+        kerns = [lambda y: K.gemv_simd(qt, w, xq, xd, xs, y, G._F16, ssc)] + [
+            (lambda y, p=p: A.gemv_avx512(qt, w, xq, xd, xs, y, G._F16, ssc, np.int64(p)))
+            for p in pfs]
+        ys = [np.zeros((1, a.rows), np.float32) for _ in kerns]
         res = []
         for nt in (1, nt_all):
             numba.set_num_threads(nt)
             prev = numba.set_parallel_chunksize(max(16, a.rows // (8 * nt)))
-            kerns = (K.gemv_simd, A.gemv_avx512)
-            best = [float("inf")] * 2
+            best = [float("inf")] * len(kerns)
             for k, y in zip(kerns, ys):
-                k(qt, w, xq, xd, xs, y, G._F16, ssc)
-            for _ in range(a.reps):
+                k(y)
+            for _ in range(a.reps):            # interleaved: drifts of the host hit all alike
                 for i, (k, y) in enumerate(zip(kerns, ys)):
                     t0 = time.perf_counter()
-                    k(qt, w, xq, xd, xs, y, G._F16, ssc)
+                    k(y)
                     best[i] = min(best[i], time.perf_counter() - t0)
             numba.set_parallel_chunksize(prev)
             res += [w.nbytes / b / 1e9 for b in best]
-        diff = np.max(np.abs(ys[0] - ys[1]) / (np.abs(ys[0]).max() + 1e-30))
-        print(f"{name:8s} {w.nbytes / 1e6:7.1f} {res[0]:8.2f} {res[1]:8.2f} {res[2]:9.2f} "
-              f"{res[3]:9.2f} {diff:13.1e}")
+        diff = max(float(np.max(np.abs(ys[0] - y) / (np.abs(ys[0]).max() + 1e-30))) for y in ys[1:])
+        print(f"{name:8s} {w.nbytes / 1e6:7.1f} " + " ".join(f"{r:9.2f}" for r in res)
+              + f" {diff:13.1e}")
         del w
 
 

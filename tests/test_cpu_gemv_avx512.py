@@ -255,3 +255,24 @@ def test_assembly_uses_zmm_vnni_and_no_64bit_widening():
         else:
             assert len(re.findall(r"vpmaddubsw\s[^\n]*%zmm", asm)) == 4
         assert not wide.findall(asm), wide.findall(asm)
+
+
+@needs_avx512
+@pytest.mark.parametrize("name", NAMES)
+def test_prefetch_changes_nothing_but_the_hint(name):
+    """With a software-prefetch distance (TIGHTFIT_CPU_PREFETCH) the outputs are bit-identical,
+    also for the last rows, whose prefetches point past the matrix; both kernels."""
+    rng = np.random.default_rng(50)
+    raw = blocks(rng, name, 29, 768)
+    xq, xd, xs = quantized(rng.standard_normal((2, 768)).astype(np.float32))
+    ssc = G.per_thread(G._POOL, 16, np.int16)
+    want = run(A.gemv_avx512, name, raw, xq, xd, xs)
+    for pf in (64, 1024, 4096):
+        y = np.full_like(want, np.nan)
+        A.gemv_avx512(int(T[name]), raw, xq, xd, xs, y, G._F16, ssc, np.int64(pf))
+        np.testing.assert_array_equal(y, want)
+    grp = G.Group([(raw, T[name])])
+    ws, qts, cols, cm, c0, c1 = grp._plan((0,))
+    y = np.full_like(want, np.nan)
+    A.gemv_avx512_group(ws, qts, cols, cm, c0, c1, xq, xd, xs, y, G._F16, ssc, np.int64(2048))
+    np.testing.assert_array_equal(y, want)

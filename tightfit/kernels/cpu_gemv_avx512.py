@@ -306,6 +306,41 @@ def _fma(tyctx, a, b, c):
     return _nt.float32(_nt.float32, _nt.float32, _nt.float32), _fma_codegen
 
 
+def _prefetch_codegen(context, builder, sig, args):
+    p = _data(context, builder, sig.args[0], args[0])
+    q = builder.gep(p, [args[1]], source_etype=_I8)
+    # llvm.prefetch(ptr, rw = 0 read, locality = 3 keep, cache = 1 data): prefetcht0. Its name
+    # carries the pointer type, which is opaque (p0) in newer llvmlite and i8* (p0i8) in older;
+    # prefetch never faults, so an address past the array (the next row, or past the last) is fine
+    if getattr(q.type, "is_opaque", False):
+        name = "llvm.prefetch.p0"
+    else:
+        q = builder.bitcast(q, _ir.PointerType(_I8))
+        name = "llvm.prefetch.p0i8"
+    f = _fn(builder, name, _ir.VoidType(), [q.type, _I32, _I32, _I32])
+    builder.call(f, [q, _ir.Constant(_I32, 0), _ir.Constant(_I32, 3), _ir.Constant(_I32, 1)])
+    return context.get_dummy_value()
+
+
+@_intrinsic
+def _prefetch(tyctx, arr, off):
+    """Hint the cache line holding byte `off` of arr's data into L1 (x86 prefetcht0)."""
+    return _nt.void(arr, _nt.int64), _prefetch_codegen
+
+
+#: bytes ahead of the block being read that each row's loop prefetches (0: none). The host rows
+#: stream from RAM at ~5 GB/s per thread against ~12 GB/s cache-resident (session 9, device host):
+#: one core does not keep enough misses in flight on its own. TIGHTFIT_CPU_PREFETCH sets it.
+PREFETCH = int(os.environ.get("TIGHTFIT_CPU_PREFETCH", "0") or 0)
+
+
+@njit(inline="always")
+def _pf_block(wr, o, ts, pf):
+    if pf > 0:
+        for c in range(0, ts, 64):
+            _prefetch(wr, np.int64(o + pf + c))
+
+
 @njit(inline="always")
 def permute_x(xq, xp):
     """xp = xq with 128-bit lanes 1 and 2 of every 64 bytes swapped (elements 0-15, 32-47,
@@ -321,7 +356,7 @@ def permute_x(xq, xp):
 
 
 @njit(inline="always")
-def _row(qt, wr, ts, nb, xb, sb, xdb, tab):
+def _row(qt, wr, ts, nb, xb, sb, xdb, tab, pf):
     """Row wr (nb blocks of ts bytes) times activation row xb (for IQ4_XS permuted by permute_x):
     the fp32 running sum over the
     blocks, rounded exactly as the AVX2 gemv_simd rounds it. That kernel is compiled with
@@ -333,6 +368,7 @@ def _row(qt, wr, ts, nb, xb, sb, xdb, tab):
     acc = np.float32(0.0)
     if qt == IQ4_XS or qt == Q6_K:
         for ib in range(nb):
+            _pf_block(wr, ib * ts, ts, pf)
             blk = wr[ib * ts:ib * ts + ts]
             if qt == IQ4_XS:
                 isum = _bd_iq4_xs(blk, xb, np.int64(256 * ib), sb, np.int64(16 * ib))
@@ -342,6 +378,7 @@ def _row(qt, wr, ts, nb, xb, sb, xdb, tab):
                 acc = _fma(_f16(blk, 208, tab) * xdb[ib], np.float32(isum), acc)
         return acc
     for ib in range(nb):
+        _pf_block(wr, ib * ts, ts, pf)
         blk = wr[ib * ts:ib * ts + ts]
         if qt == Q4_K:
             isum, msum = _bd_q4_k(blk, xb, np.int64(256 * ib), sb, np.int64(16 * ib))
@@ -353,9 +390,9 @@ def _row(qt, wr, ts, nb, xb, sb, xdb, tab):
 
 
 @njit(parallel=True, cache=True)
-def gemv_avx512(qt, w, xq, xd, xs, y, tab, ssc):
+def gemv_avx512(qt, w, xq, xd, xs, y, tab, ssc, pf=PREFETCH):
     """cpu_gemv_kern.gemv_simd on AVX-512 VNNI: same signature, same result bit for bit
-    (ssc is unused: the scales never leave the vector registers)."""
+    (ssc is unused: the scales never leave the vector registers); pf: PREFETCH."""
     M = w.shape[0]
     B = xq.shape[0]
     nb = xq.shape[1] // 256
@@ -364,12 +401,13 @@ def gemv_avx512(qt, w, xq, xd, xs, y, tab, ssc):
     for r in prange(M):
         wr = w[r]
         for b in range(B):
-            y[b, r] = _row(qt, wr, ts, nb, xp[b], xs[b], xd[b], tab)
+            y[b, r] = _row(qt, wr, ts, nb, xp[b], xs[b], xd[b], tab, pf)
 
 
 @njit(parallel=True, cache=True)
-def gemv_avx512_group(ws, qts, ycol, cm, cr0, cr1, xq, xd, xs, y, tab, ssc):
-    """cpu_gemv_kern.gemv_simd_group on AVX-512 VNNI: same signature, same result bit for bit."""
+def gemv_avx512_group(ws, qts, ycol, cm, cr0, cr1, xq, xd, xs, y, tab, ssc, pf=PREFETCH):
+    """cpu_gemv_kern.gemv_simd_group on AVX-512 VNNI: same signature, same result bit for bit
+    (pf: PREFETCH)."""
     B = xq.shape[0]
     nb = xq.shape[1] // 256
     xp = permute_x(xq, np.empty(xq.shape, np.int8))
@@ -383,4 +421,4 @@ def gemv_avx512_group(ws, qts, ycol, cm, cr0, cr1, xq, xd, xs, y, tab, ssc):
             wr = w[r]
             for b in range(B):
                 y[b, col + r] = _row(qt, wr, ts, nb, xp[b] if qt == IQ4_XS else xq[b], xs[b],
-                                     xd[b], tab)
+                                     xd[b], tab, pf)
