@@ -4,6 +4,9 @@ only (x quantized once beforehand), GB/s of weight bytes at 1 thread and at --th
     python bench/cpu_gemv_avx512.py [--rows 17408] [--k 5120] [--reps 9] [--threads N]
                                     [--formats IQ4_XS,Q4_K,Q5_K,Q6_K] [--prefetch 0,1024,2048]
 
+--copies N: N independent copies of each matrix, one per call in turn, so that no call finds its
+rows in the last-level cache (session 9: one 47-73 MB matrix timed alone reached 95 GB/s on the
+device host's 16 threads, above the host read bandwidth the planner measures there, 86 GB/s).
 --prefetch: the AVX-512 kernel once per software-prefetch distance (bytes ahead of the block being
 read; 0 = none; tightfit's default is cpu_gemv_avx512.PREFETCH, TIGHTFIT_CPU_PREFETCH).
 
@@ -38,6 +41,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--threads", type=int, default=None, help="default: numba's pool")
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--copies", type=int, default=1,
+                    help="copies of each matrix called in turn (defeats the last-level cache)")
     ap.add_argument("--prefetch", default=str(A.PREFETCH),
                     help="comma list of prefetch distances in bytes, one AVX-512 column each")
     a = ap.parse_args()
@@ -58,10 +63,17 @@ def main() -> None:
     print(f"{'format':8s} {'MB':>7s} " + " ".join(f"{c:>9s}" for c in cols) + f" {'max rel diff':>13s}")
     for name in a.formats.split(","):
         qt, bs, ts, offs = FORMATS[name]
-        w = random_blocks(rng, a.rows, a.k, bs, ts, offs)
-        kerns = [lambda y: K.gemv_simd(qt, w, xq, xd, xs, y, G._F16, ssc)] + [
-            (lambda y, p=p: A.gemv_avx512(qt, w, xq, xd, xs, y, G._F16, ssc, np.int64(p)))
+        w0 = random_blocks(rng, a.rows, a.k, bs, ts, offs)
+        copies = [w0] + [w0.copy() for _ in range(a.copies - 1)]
+        turn = [0]
+
+        def nxt():                       # the next copy (each kernel call reads a cold one)
+            turn[0] = (turn[0] + 1) % len(copies)
+            return copies[turn[0]]
+        kerns = [lambda y: K.gemv_simd(qt, nxt(), xq, xd, xs, y, G._F16, ssc)] + [
+            (lambda y, p=p: A.gemv_avx512(qt, nxt(), xq, xd, xs, y, G._F16, ssc, np.int64(p)))
             for p in pfs]
+        w = w0
         ys = [np.zeros((1, a.rows), np.float32) for _ in kerns]
         res = []
         for nt in (1, nt_all):
@@ -71,16 +83,17 @@ def main() -> None:
             for k, y in zip(kerns, ys):
                 k(y)
             for _ in range(a.reps):            # interleaved: drifts of the host hit all alike
-                for i, (k, y) in enumerate(zip(kerns, ys)):
-                    t0 = time.perf_counter()
-                    k(y)
-                    best[i] = min(best[i], time.perf_counter() - t0)
+                for _c in range(len(copies)):  # every copy once per rep
+                    for i, (k, y) in enumerate(zip(kerns, ys)):
+                        t0 = time.perf_counter()
+                        k(y)
+                        best[i] = min(best[i], time.perf_counter() - t0)
             numba.set_parallel_chunksize(prev)
             res += [w.nbytes / b / 1e9 for b in best]
         diff = max(float(np.max(np.abs(ys[0] - y) / (np.abs(ys[0]).max() + 1e-30))) for y in ys[1:])
         print(f"{name:8s} {w.nbytes / 1e6:7.1f} " + " ".join(f"{r:9.2f}" for r in res)
               + f" {diff:13.1e}")
-        del w
+        del w, w0, copies
 
 
 if __name__ == "__main__":
