@@ -276,3 +276,16 @@ def test_prefetch_changes_nothing_but_the_hint(name):
     y = np.full_like(want, np.nan)
     A.gemv_avx512_group(ws, qts, cols, cm, c0, c1, xq, xd, xs, y, G._F16, ssc, np.int64(2048))
     np.testing.assert_array_equal(y, want)
+
+
+def test_prefetch_env_is_checked(monkeypatch):
+    """The distance comes from TIGHTFIT_CPU_PREFETCH (default 2048, the device sweep's best);
+    anything but a byte count is refused with the variable's name."""
+    monkeypatch.delenv("TIGHTFIT_CPU_PREFETCH", raising=False)
+    assert A._prefetch_env() == 2048
+    monkeypatch.setenv("TIGHTFIT_CPU_PREFETCH", "0")
+    assert A._prefetch_env() == 0
+    for bad in ("-5", "2k", "1.5"):
+        monkeypatch.setenv("TIGHTFIT_CPU_PREFETCH", bad)
+        with pytest.raises(ValueError, match="TIGHTFIT_CPU_PREFETCH"):
+            A._prefetch_env()
