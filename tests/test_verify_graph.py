@@ -260,3 +260,78 @@ def test_device_capture_and_replay(tiny):
     g.commit(2)
     st.sync()
     assert st.pos == 13
+
+
+@pytest.fixture(scope="module")
+def small_q4(tmp_path_factory):
+    p = tmp_path_factory.mktemp("vgq") / "small-q4_0.gguf"
+    # K = 256n: quantized GEMVs; 4 layers hold one attention layer; a small vocabulary keeps the
+    # interpreted LM head short
+    make_model(p, preset="small", layers=4, qtype="Q4_0", seed=8, vocab="small:2048")
+    mf = open_model(p)
+    yield mf
+    mf.close()
+
+
+def test_fused_activation_quant_matches_separate_launches(small_q4, monkeypatch):
+    """The block's norms / SwiGLU / gated norm write their output's int8 copy themselves (as the
+    step does) and the separate quantize launches go: every GEMV reads the same int8 activations
+    (codes, scales, sums) as with TIGHTFIT_FUSE_QUANT=0 (quantize_act after each producer), the
+    logits are equal, and only the attention outputs (no fused producer) are still quantized on
+    their own. Under the interpreter the GEMV itself is a torch product on those int8 codes
+    (the interpreted quantized GEMV at 3 columns takes minutes); on a GPU it is the real one."""
+    dev = "cpu" if INTERP else "cuda"
+    if not INTERP and not torch.cuda.is_available():
+        pytest.skip("needs TRITON_INTERPRET=1 or CUDA")
+    import gguf
+    from tightfit.kernels import gemv_route
+    from tightfit.kernels.gemv_route import is_cuda
+    from tightfit.kernels.quantize_act import LAYOUTS
+    from tightfit.model import verify_graph as VG
+    calls, seen = [], []
+    real_q, real_g = gemv_route.quantize_into, gemv_route.gemv_act
+    monkeypatch.setattr(gemv_route, "quantize_into",
+                        lambda x, lay, qa: calls.append(lay) or real_q(x, lay, qa))
+    wcache: dict = {}
+
+    def gemv(act, w, qtype, n_out, out, workspace=None):
+        seen.append((act.q.clone(), act.d.clone(), act.s16.clone()))
+        if dev == "cuda":
+            return real_g(act, w, qtype, n_out, out, workspace)
+        n, k = act.q.shape
+        inv = torch.from_numpy(np.argsort(LAYOUTS[act.layout]))      # element -> position
+        codes = act.q.view(n, k // 32, 32)[:, :, inv].float()
+        x = (codes * act.d.view(n, k // 32, 1)).view(n, k)
+        key = (w.data_ptr(), int(qtype))
+        if key not in wcache:
+            wcache[key] = torch.from_numpy(gguf.quants.dequantize(
+                w.numpy(), gguf.GGMLQuantizationType(int(qtype))).reshape(n_out, k).copy())
+        out.copy_(x @ wcache[key].T)
+        return out
+    monkeypatch.setattr(gemv_route, "gemv_act", gemv)
+    c = small_q4.config
+    prompt = _prompt(small_q4, 2, 3)
+    got = {}
+    for fuse in ("1", "0"):
+        monkeypatch.setenv("TIGHTFIT_FUSE_QUANT", fuse)
+        exe = _exe(small_q4, True, device=dev)
+        assert exe.fuse_quant == (fuse == "1")
+        st = exe.new_state(128)
+        exe.forward(prompt, st, logits="none")
+        vg = VG.VerifyGraph(exe, 3)
+        # Q4_0: v1 layouts under the interpreter, the CUDA GEMV's layout 200 on a GPU: fusable
+        assert vg.layout and all(0 <= lay < 4 or is_cuda(lay) for lay in vg.layout.values())
+        calls.clear()
+        seen.clear()
+        with torch.no_grad():
+            vg._pass(st, 3, "single")
+        got[fuse] = (vg.views(3).logits.clone(), len(calls), list(seen))
+        assert not vg._fresh                      # every fused copy was consumed
+    n_attn = sum(not c.is_recurrent(il) for il in range(c.n_layer))
+    assert got["0"][1] == 4 * c.n_layer + 1      # xn, on / ao, xn, h per layer; the head's xn
+    assert got["1"][1] == n_attn
+    assert len(got["1"][2]) == len(got["0"][2]) > 0
+    for a, b in zip(got["1"][2], got["0"][2]):
+        for ta, tb in zip(a, b):
+            torch.testing.assert_close(ta, tb, rtol=0, atol=0)
+    torch.testing.assert_close(got["1"][0], got["0"][0], rtol=0, atol=0)

@@ -16,7 +16,13 @@ kernel by kernel.
 
 On by default on sm_90+ (the seed-mix 27B decodes 125.4 -> 132.1 tok/s at depth 0 and 114.7 ->
 121.3 at 32K with bitwise-identical logits, bench/RESULTS.md session 6); TIGHTFIT_PDL=0 turns it
-off. Never under TRITON_INTERPRET or below sm_90.
+off, TIGHTFIT_PDL_OFF=<name>[,<name>] only for the named launches (a diagnosis switch). Never under
+TRITON_INTERPRET or below sm_90.
+
+A grid that fits more CTAs per SM than its even share can come out slower with PDL: placed while
+the kernels before it still hold SMs, it may stack CTAs on some SMs and leave others short
+(the quantized-KV attention: 36 -> 71 us per layer at 32K, session 9). Such a launch caps its
+residency at ceil(grid / SMs) (attn_decode_q_cuda.spread_smem).
 """
 from __future__ import annotations
 

@@ -169,6 +169,7 @@ class VerifyGraph:
         self.part = self.ws.get("v_gemv_part")
         self._views: dict[int, _Views] = {}
         self._acts: dict[tuple[int, str, int], Any] = {}
+        self._fresh: set = set()   # (M, input, layout) whose int8 copy its producer just wrote
         self._graphs: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
         self.serial = 0            # passes run; a Block commits only the latest one
         self.replays = 0           # graph replays (tests, bench)
@@ -215,6 +216,32 @@ class VerifyGraph:
             a = self._acts[key] = make_act(lay, bufs, M, k)
         return a
 
+    def _produce(self, op, args: tuple, x: torch.Tensor, inp: str, M: int, names) -> None:
+        """op(*args) writing x (block input `inp` of the matrices `names`), fused with x's int8
+        copy for the first of their layouts that the producers can write (quantize_act layouts
+        0-3, or the CUDA layout 200 = layout 0's buffers), as the step does (executor
+        `_produce`): the block then skips that separate quantize launch (257 of them per pass,
+        ~2.7 us each at M = 5 on the H200, bench/NOTES.md session 8). TIGHTFIT_FUSE_QUANT=0 (the
+        model's fuse_quant) turns it off."""
+        lay = self._fusable(names, x.shape[-1])
+        if lay is None:
+            op(*args)
+            return
+        qa = self._act(M, inp, lay, x.shape[-1])
+        op(*args, quant_out=(qa.q, qa.d, qa.s16), quant_layout=qa.layout)
+        self._fresh.add((M, inp, lay))
+
+    def _fusable(self, names, k: int) -> int | None:
+        if not getattr(self.m, "fuse_quant", False) or k % 32:
+            return None
+        from tightfit.kernels.gemv_route import is_cuda
+        from tightfit.kernels.quantize_act import LAYOUTS
+        for n in names:
+            lay = self.layout.get(n)
+            if lay is not None and (is_cuda(lay) or 0 <= lay < len(LAYOUTS)):
+                return lay
+        return None
+
     def _lin(self, x: torch.Tensor, inp: str, M: int, pairs) -> None:
         acts: dict = {}
         for name, out in pairs:
@@ -222,6 +249,9 @@ class VerifyGraph:
             if L.kind == "quant":
                 from tightfit.kernels.gemv_route import gemv_act, quantize_into
                 lay = self.layout[name]
+                if lay not in acts and (M, inp, lay) in self._fresh:   # written by its producer
+                    self._fresh.discard((M, inp, lay))
+                    acts[lay] = self._act(M, inp, lay, x.shape[1])
                 if lay not in acts:
                     acts[lay] = quantize_into(x, lay, self._act(M, inp, lay, x.shape[1]))
                 gemv_act(acts[lay], L.raw, L.qtype, L.n_out, out, self.part)
@@ -244,8 +274,10 @@ class VerifyGraph:
         self.op_gdn(B.y, B.alpha, B.beta, v[p + "ssm_dt.bias"], v[p + "ssm_a"], st.ssm,
                     self.ssm_pos[slot], B.o, st.status, slot, c.ssm_k_heads, c.rms_eps)
         Hv, S = c.ssm_v_heads, c.ssm_state
-        m.op_gnorm(B.o, B.zg.view(M, Hv, S), v[p + "ssm_norm.weight"], c.rms_eps,
-                   B.on.view(M, Hv, S))
+        self._produce(m.op_gnorm, (B.o, B.zg.view(M, Hv, S), v[p + "ssm_norm.weight"],
+                                   c.rms_eps, B.on.view(M, Hv, S)),
+                      B.on, "on", M,
+                      [p + "ssm_out.weight"] if S % 32 == 0 else [])   # whole 32-blocks per head
         self._lin(B.on, "on", M, [(p + "ssm_out.weight", B.mix)])
 
     def _attention(self, il: int, st: Any, B: _Views, M: int, mode: str) -> None:
@@ -270,18 +302,25 @@ class VerifyGraph:
             raw, fn = m._embed_dev
             fn(B.ids, raw, int(m._embd_info.qtype), c.n_embd, out=B.x)
         self.status.zero_()
+        self._fresh.clear()
         for il in range(c.n_layer):
             p = f"blk.{il}."
-            m.op_norm(B.x, B.ffo if il else None, v[p + "attn_norm.weight"], eps, B.xn)
+            first = ([p + "attn_qkv.weight", p + "attn_gate.weight"] if c.is_recurrent(il)
+                     else [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
+            self._produce(m.op_norm, (B.x, B.ffo if il else None, v[p + "attn_norm.weight"], eps,
+                                      B.xn), B.xn, "xn", M, first)
             if c.is_recurrent(il):
                 self._gdn(il, st, B, M)
             else:
                 self._attention(il, st, B, M, mode)
-            m.op_norm(B.x, B.mix, v[p + "post_attention_norm.weight"], eps, B.xn)
-            self._lin(B.xn, "xn", M, [(p + "ffn_gate.weight", B.g), (p + "ffn_up.weight", B.up)])
-            m.op_swiglu(B.g, B.up, B.h)
+            ffn = [p + "ffn_gate.weight", p + "ffn_up.weight"]
+            self._produce(m.op_norm, (B.x, B.mix, v[p + "post_attention_norm.weight"], eps, B.xn),
+                          B.xn, "xn", M, ffn)
+            self._lin(B.xn, "xn", M, [(ffn[0], B.g), (ffn[1], B.up)])
+            self._produce(m.op_swiglu, (B.g, B.up, B.h), B.h, "h", M, [p + "ffn_down.weight"])
             self._lin(B.h, "h", M, [(p + "ffn_down.weight", B.ffo)])
-        m.op_norm(B.x, B.ffo, v["output_norm.weight"], eps, B.xn)
+        self._produce(m.op_norm, (B.x, B.ffo, v["output_norm.weight"], eps, B.xn), B.xn, "xn", M,
+                      ["output.weight"])
         self._lin(B.xn, "xn", M, [("output.weight", B.logits)])
         m.op_commit(B.x, B.logits, self.status, 1)      # finite check: v_status[1] = 1 if not
 
