@@ -332,8 +332,8 @@ def _prefetch(tyctx, arr, off):
 #: stream from RAM at ~6 GB/s per thread without it: one core does not keep enough misses in
 #: flight. Session 9 on the device host (bench/cpu_gemv_avx512.py --copies 12, 17408 x 5120, the
 #: four types): 16 threads 59.4 GB/s with none, 74.5 / 77.5 / 77.2 at 1024 / 2048 / 4096 bytes;
-#: 1 thread 6.6 -> 10.5. The 8 GiB placed decode's host kernels then ran at 67.1 GB/s (0.67 of
-#: that host's read bandwidth; 0.61 on call 4's host without it). TIGHTFIT_CPU_PREFETCH sets it.
+#: 1 thread 6.6 -> 10.5. The 8 GiB placed decode on one host: 6.88 -> 8.54 tok/s, host kernels
+#: 64.8 -> 70.3 GB/s (bench/RESULTS.md session 9 call 6). TIGHTFIT_CPU_PREFETCH sets it.
 def _prefetch_env() -> int:
     v = os.environ.get("TIGHTFIT_CPU_PREFETCH", "2048").strip() or "0"
     if not v.isdigit():

@@ -220,9 +220,9 @@ class VerifyGraph:
         """op(*args) writing x (block input `inp` of the matrices `names`), fused with x's int8
         copy for the first of their layouts that the producers can write (quantize_act layouts
         0-3, or the CUDA layout 200 = layout 0's buffers), as the step does (executor
-        `_produce`): the block then skips that separate quantize launch (257 of them per pass,
-        ~2.7 us each at M = 5 on the H200, bench/NOTES.md session 8). TIGHTFIT_FUSE_QUANT=0 (the
-        model's fuse_quant) turns it off."""
+        `_produce`): the block then skips that separate quantize launch (241 of 257 per pass; on
+        the H200 inside the captured graph they cost only ~0.04 ms of 16.1 at M = 5, session 9).
+        TIGHTFIT_FUSE_QUANT=0 (the model's fuse_quant) turns it off."""
         lay = self._fusable(names, x.shape[-1])
         if lay is None:
             op(*args)
