@@ -185,7 +185,7 @@ def test_device_cuda_path(kv_type):
         check_close(out.double().cpu(), ref)
 
 
-def _banks_of_merge_store(D, vb, nw_row_stride):
+def _banks_of_merge_store(D, vb, row_stride):
     """Banks hit by the 32 lanes of one accumulator store in the kernel's closing merge (the
     warp's lane (g, c) writes row 2c, dim vdim(i, 0, g) placed at d + d // 32), per i."""
     out = []
@@ -199,7 +199,7 @@ def _banks_of_merge_store(D, vb, nw_row_stride):
                 d = 32 * blk + 16 * (i & 1) + r0 + (i >> 1)
             else:
                 d = vpt * g + 2 * i
-            banks.append((2 * c * nw_row_stride + d + d // 32) % 32)
+            banks.append((2 * c * row_stride + d + d // 32) % 32)
         out.append(banks)
     return out
 
