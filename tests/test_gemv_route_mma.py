@@ -1,5 +1,6 @@
-"""Routing of N-column products to the tensor-core kernel (gemv_route.mma_routed): opt-in, only
-past the measured crossover, only for formats the kernel implements, never for CPU tensors."""
+"""Routing of N-column products to the tensor-core kernel (gemv_route.mma_routed): on unless
+TIGHTFIT_GEMV_MMA=0, only past the measured crossover, only for formats the kernel implements,
+never for CPU tensors."""
 from __future__ import annotations
 
 import torch
@@ -20,13 +21,26 @@ def test_crossover_table_covers_only_implemented_formats():
         assert traits(t).block_size in (32, 256)
 
 
-def test_off_by_default_and_never_on_cpu(monkeypatch):
+def test_on_by_default_off_by_env_and_never_on_cpu(monkeypatch):
     w = torch.zeros(1024, dtype=torch.uint8)
     monkeypatch.delenv("TIGHTFIT_GEMV_MMA", raising=False)
-    assert not R.mma_routed(12, 8, w)
-    monkeypatch.setenv("TIGHTFIT_GEMV_MMA", "1")
+    assert R._mma_on()
     assert not R.mma_routed(12, 8, w)            # CPU tensor
     assert not R.mma_routed(2, 16, w)            # Q4_0: no tensor-core decoder
+    for off in ("0", "off"):
+        monkeypatch.setenv("TIGHTFIT_GEMV_MMA", off)
+        assert not R._mma_on()
+
+    class FakeCuda:                              # what mma_routed reads of a tensor
+        is_cuda = True
+
+        @staticmethod
+        def data_ptr():
+            return 4096
+    monkeypatch.setattr(gemv_mma, "available", lambda: True)
+    assert not R.mma_routed(12, 8, FakeCuda)     # switched off
+    monkeypatch.delenv("TIGHTFIT_GEMV_MMA")
+    assert R.mma_routed(12, 8, FakeCuda)         # the default routes a CUDA Q4_K at N = 8
 
 
 def test_below_crossover_not_routed(monkeypatch):

@@ -159,13 +159,15 @@ def split_bound(n: int = 1) -> int:
 # H200 runs of session 5 (bench/RESULTS.md, "tensor-core skinny GEMM"): its time is nearly flat in
 # N (t(8)/t(1) 1.03-1.2) while gemv_cuda's grows 1.5x at N = 2 and 2.5-3.2x at N = 8. Q4_K / Q5_K
 # tie at N = 2, IQ4_XS at N = 3; Q6_K measured a win at N = 8 (loss at 4); Q8_0 ties at 8 and wins at
-# 16 (above 8 gemv_cuda launches twice). Opt-in (TIGHTFIT_GEMV_MMA=1) until the verify block and
-# the end-to-end step are measured with it.
+# 16 (above 8 gemv_cuda launches twice). On by default since session 9: the 27B's captured verify
+# block takes 13.79 vs 15.92 ms at M = 5 and 14.96 vs 20.47 ms at M = 8, and forced 80 % acceptance
+# with k = 4 decodes 1.52x plain instead of 1.29x (bench/RESULTS.md session 9, call 7). The decode
+# step (N = 1) never routes here. TIGHTFIT_GEMV_MMA=0 turns it off.
 MMA_MIN_N = {12: 3, 13: 3, 23: 4, 14: 8, 8: 9}
 
 
 def _mma_on() -> bool:
-    return os.environ.get("TIGHTFIT_GEMV_MMA", "0") == "1"
+    return os.environ.get("TIGHTFIT_GEMV_MMA", "1").strip() not in ("0", "off", "false", "no")
 
 
 def mma_routed(qtype: int, n: int, w: torch.Tensor) -> bool:
