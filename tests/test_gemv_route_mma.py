@@ -10,6 +10,14 @@ from tightfit.kernels import gemv_route as R
 from tightfit.quant.traits import traits
 
 
+class _FakeCuda:                                 # what mma_routed reads of a tensor
+    is_cuda = True
+
+    @staticmethod
+    def data_ptr():
+        return 4096
+
+
 def test_crossover_table_covers_only_implemented_formats():
     # GGML ids: Q8_0 8, Q4_K 12, Q5_K 13, Q6_K 14, IQ4_XS 23 (gguf's GGMLQuantizationType)
     import gguf
@@ -30,34 +38,20 @@ def test_on_by_default_off_by_env_and_never_on_cpu(monkeypatch):
     for off in ("0", "off"):
         monkeypatch.setenv("TIGHTFIT_GEMV_MMA", off)
         assert not R._mma_on()
-
-    class FakeCuda:                              # what mma_routed reads of a tensor
-        is_cuda = True
-
-        @staticmethod
-        def data_ptr():
-            return 4096
     monkeypatch.setattr(gemv_mma, "available", lambda: True)
-    assert not R.mma_routed(12, 8, FakeCuda)     # switched off
+    assert not R.mma_routed(12, 8, _FakeCuda)    # switched off
     monkeypatch.delenv("TIGHTFIT_GEMV_MMA")
-    assert R.mma_routed(12, 8, FakeCuda)         # the default routes a CUDA Q4_K at N = 8
+    assert R.mma_routed(12, 8, _FakeCuda)        # the default routes a CUDA Q4_K at N = 8
 
 
 def test_below_crossover_not_routed(monkeypatch):
     monkeypatch.setenv("TIGHTFIT_GEMV_MMA", "1")
-
-    class FakeCuda:                              # what mma_routed reads of a tensor
-        is_cuda = True
-
-        @staticmethod
-        def data_ptr():
-            return 4096
     monkeypatch.setattr(gemv_mma, "available", lambda: True)
     for t, n in R.MMA_MIN_N.items():
-        assert not R.mma_routed(t, n - 1, FakeCuda)
-        assert R.mma_routed(t, n, FakeCuda)
+        assert not R.mma_routed(t, n - 1, _FakeCuda)
+        assert R.mma_routed(t, n, _FakeCuda)
 
-    class Misaligned(FakeCuda):
+    class Misaligned(_FakeCuda):
         @staticmethod
         def data_ptr():
             return 4104

@@ -96,6 +96,13 @@ def is_cuda(layout: int) -> bool:
     return int(layout) == CUDA_LAYOUT
 
 
+def producer_writable(layout: int) -> bool:
+    """Whether a producer kernel (norm.py's quant_out=) can write x's int8 copy for `layout`:
+    the quantize_act layouts 0-3, or the CUDA layout (layout 0's buffers); not the small path's."""
+    from tightfit.kernels.quantize_act import LAYOUTS
+    return is_cuda(layout) or 0 <= int(layout) < len(LAYOUTS)
+
+
 def _small_params(layout: int) -> tuple[int, int]:
     """(scale group S, decode order perm) of a small-path layout."""
     r = int(layout) - SMALL_BASE
@@ -209,6 +216,7 @@ def gemv_cuda_direct(x: torch.Tensor, w: torch.Tensor, qtype: int, n_out: int):
     return gemv_cuda(qa, w, int(qtype), int(n_out), out)
 
 
-__all__ = ["SMALL_TYPES", "CUDA_LAYOUT", "cuda_routed", "mma_routed", "MMA_MIN_N", "is_cuda", "gemv_cuda_direct",
+__all__ = ["SMALL_TYPES", "CUDA_LAYOUT", "cuda_routed", "mma_routed", "MMA_MIN_N", "is_cuda",
+           "producer_writable", "gemv_cuda_direct",
            "act_layout", "is_small", "act_buffers", "make_act", "new_act",
            "quantize_into", "split_floats", "split_bound", "gemv_act"]

@@ -563,10 +563,9 @@ class GPUModel:
         before. None otherwise."""
         if not self.fuse_quant or x.shape[-1] % 32:
             return None
-        from tightfit.kernels.gemv_route import is_cuda, new_act
-        from tightfit.kernels.quantize_act import LAYOUTS
+        from tightfit.kernels.gemv_route import new_act, producer_writable
         lays = [L.layout for n in names if (L := self.lin.get(n)) is not None
-                and L.kind == "quant" and (is_cuda(L.layout) or 0 <= L.layout < len(LAYOUTS))]
+                and L.kind == "quant" and producer_writable(L.layout)]
         if not lays:
             return None
         lay = lays[0]

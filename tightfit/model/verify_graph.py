@@ -234,11 +234,10 @@ class VerifyGraph:
     def _fusable(self, names, k: int) -> int | None:
         if not getattr(self.m, "fuse_quant", False) or k % 32:
             return None
-        from tightfit.kernels.gemv_route import is_cuda
-        from tightfit.kernels.quantize_act import LAYOUTS
+        from tightfit.kernels.gemv_route import producer_writable
         for n in names:
             lay = self.layout.get(n)
-            if lay is not None and (is_cuda(lay) or 0 <= lay < len(LAYOUTS)):
+            if lay is not None and producer_writable(lay):
                 return lay
         return None
 
