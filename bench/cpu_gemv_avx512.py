@@ -8,7 +8,8 @@ only (x quantized once beforehand), GB/s of weight bytes at 1 thread and at --th
 rows in the last-level cache (session 9: one 47-73 MB matrix timed alone reached 95 GB/s on the
 device host's 16 threads, above the host read bandwidth the planner measures there, 86 GB/s).
 --prefetch: the AVX-512 kernel once per software-prefetch distance (bytes ahead of the block being
-read; 0 = none; tightfit's default is cpu_gemv_avx512.PREFETCH, TIGHTFIT_CPU_PREFETCH).
+read; 0 = none; tightfit's default is cpu_gemv_avx512.PREFETCH, TIGHTFIT_CPU_PREFETCH); "L1:L2"
+adds a farther prefetch into L2 (prefetcht1; TIGHTFIT_CPU_PREFETCH_L2), e.g. 2048,2048:8192.
 
 Random valid blocks as bench/cpu_gemv.py makes them. The two kernels are timed interleaved (best
 of --reps each), with cpu_gemv's dynamic row chunks (~8 per thread). Both outputs are compared
@@ -43,7 +44,7 @@ def main() -> None:
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--copies", type=int, default=1,
                     help="copies of each matrix called in turn (defeats the last-level cache)")
-    ap.add_argument("--prefetch", default=str(A.PREFETCH),
+    ap.add_argument("--prefetch", default=f"{A.PREFETCH}:{A.PREFETCH_L2}",
                     help="comma list of prefetch distances in bytes, one AVX-512 column each")
     a = ap.parse_args()
     if not (A.available() and K.HAVE_AVX2):
@@ -57,9 +58,10 @@ def main() -> None:
     K.quantize_act(x, xq, xd, xs)
     ssc = G.per_thread(G._POOL, 16, np.int16)
     nt_all = a.threads or numba.config.NUMBA_NUM_THREADS
-    pfs = [int(v) for v in a.prefetch.split(",")]
+    pfs = [tuple(int(p) for p in (v + ":0").split(":")[:2]) for v in a.prefetch.split(",")]
     print(f"M={a.rows} K={a.k} B=1, best of {a.reps}; GB/s of weight bytes (kernel call only)")
-    cols = [f"{nt}t {k}" for nt in (1, nt_all) for k in ["AVX2"] + [f"pf{p}" for p in pfs]]
+    cols = [f"{nt}t {k}" for nt in (1, nt_all)
+            for k in ["AVX2"] + [f"pf{p}" + (f":{q}" if q else "") for p, q in pfs]]
     print(f"{'format':8s} {'MB':>7s} " + " ".join(f"{c:>9s}" for c in cols) + f" {'max rel diff':>13s}")
     for name in a.formats.split(","):
         qt, bs, ts, offs = FORMATS[name]
@@ -71,7 +73,8 @@ def main() -> None:
             turn[0] = (turn[0] + 1) % len(copies)
             return copies[turn[0]]
         kerns = [lambda y: K.gemv_simd(qt, nxt(), xq, xd, xs, y, G._F16, ssc)] + [
-            (lambda y, p=p: A.gemv_avx512(qt, nxt(), xq, xd, xs, y, G._F16, ssc, np.int64(p)))
+            (lambda y, p=p: A.gemv_avx512(qt, nxt(), xq, xd, xs, y, G._F16, ssc,
+                                          np.int64(A.prefetch_arg(*p))))
             for p in pfs]
         w = w0
         ys = [np.zeros((1, a.rows), np.float32) for _ in kerns]

@@ -7,7 +7,7 @@ blocks), v2p (v2 on the planar re-layout, gemv2_layout.relayout), v2n1 / v2n1p (
 small-N path, gemv2_small.py, raw / planar; N <= 2 only, other N are skipped), cu (CUDA C++
 kernel, gemv_cuda.py, raw blocks, every type it supports, N <= 16; config keys wpr, kern=v2|v2h|v3|v4|auto),
 mma (int8 tensor-core skinny GEMM, gemv_mma.py, raw blocks, Q8_0 Q4_K Q5_K Q6_K IQ4_XS; config keys
-ctas_per_sm, rt), e.g.
+ctas_per_sm, rt, pipe (0|1: the cp.async-pipelined kernel), nst), e.g.
   python3 bench/gemv.py --out $OUT --impls v1,v2,v2n1,v2n1p --ns 1,2,8
 --configs applies to every implementation (keys R, KB, SPLIT, num_warps, U).
 (A lanes-along-K variant, "v3", was measured 1.1-2x slower on the FFN shapes and removed: bench/RESULTS.md.)
@@ -134,10 +134,10 @@ def call(impl, x, w, t, n_out, n_in, out, cfg=None):
         from tightfit.kernels.quantize_act import quantize_act
         cu_cfg = {k: cfg[k] for k in ("wpr", "kern") if cfg and k in cfg} or None
         return gemv_cuda(quantize_act(x, 0), w, t, n_out, out, config=cu_cfg)
-    if impl == "mma":               # tensor-core skinny GEMM (gemv_mma.py); config ctas_per_sm, rt
+    if impl == "mma":               # tensor-core skinny GEMM (gemv_mma.py); config ctas_per_sm, rt, pipe, nst
         from tightfit.kernels.gemv_mma import gemv_mma
         from tightfit.kernels.quantize_act import quantize_act
-        mma_cfg = {k: cfg[k] for k in ("ctas_per_sm", "rt") if cfg and k in cfg} or None
+        mma_cfg = {k: cfg[k] for k in ("ctas_per_sm", "rt", "pipe", "nst") if cfg and k in cfg} or None
         return gemv_mma(quantize_act(x, 0), w, t, n_out, out, config=mma_cfg)
     if impl.startswith("v2n1"):
         cfg = {**(cfg or {}), "PATH": "dp4a"}

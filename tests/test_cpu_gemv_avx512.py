@@ -267,14 +267,16 @@ def test_prefetch_changes_nothing_but_the_hint(name):
     xq, xd, xs = quantized(rng.standard_normal((2, 768)).astype(np.float32))
     ssc = G.per_thread(G._POOL, 16, np.int16)
     want = run(A.gemv_avx512, name, raw, xq, xd, xs)
-    for pf in (64, 1024, 4096):
+    # L1 only, L1 + a farther L2 prefetch (prefetcht1), L2 only
+    for pf in (64, 1024, 4096, A.prefetch_arg(1024, 8192), A.prefetch_arg(0, 4096)):
         y = np.full_like(want, np.nan)
         A.gemv_avx512(int(T[name]), raw, xq, xd, xs, y, G._F16, ssc, np.int64(pf))
         np.testing.assert_array_equal(y, want)
     grp = G.Group([(raw, T[name])])
     ws, qts, cols, cm, c0, c1 = grp._plan((0,))
     y = np.full_like(want, np.nan)
-    A.gemv_avx512_group(ws, qts, cols, cm, c0, c1, xq, xd, xs, y, G._F16, ssc, np.int64(2048))
+    A.gemv_avx512_group(ws, qts, cols, cm, c0, c1, xq, xd, xs, y, G._F16, ssc,
+                        np.int64(A.prefetch_arg(2048, 8192)))
     np.testing.assert_array_equal(y, want)
 
 
@@ -289,3 +291,20 @@ def test_prefetch_env_is_checked(monkeypatch):
         monkeypatch.setenv("TIGHTFIT_CPU_PREFETCH", bad)
         with pytest.raises(ValueError, match="TIGHTFIT_CPU_PREFETCH"):
             A._prefetch_env()
+
+
+def test_prefetch_l2_env_and_packing(monkeypatch):
+    """The L2 distance (TIGHTFIT_CPU_PREFETCH_L2, default 0 = none) rides in the high 32 bits of
+    the kernels' pf argument; bad values are refused with the variable's name."""
+    monkeypatch.delenv("TIGHTFIT_CPU_PREFETCH_L2", raising=False)
+    assert A._prefetch_l2_env() == 0
+    monkeypatch.setenv("TIGHTFIT_CPU_PREFETCH_L2", "8192")
+    assert A._prefetch_l2_env() == 8192
+    assert A.prefetch_arg(2048, 8192) == 2048 + (8192 << 32)
+    assert A.prefetch_arg(2048, 0) == 2048
+    for bad in ("-1", "8k"):
+        monkeypatch.setenv("TIGHTFIT_CPU_PREFETCH_L2", bad)
+        with pytest.raises(ValueError, match="TIGHTFIT_CPU_PREFETCH_L2"):
+            A._prefetch_l2_env()
+    with pytest.raises(ValueError):
+        A.prefetch_arg(-1, 0)

@@ -76,6 +76,25 @@ def test_device_rt(t, shape, rt):
     check(t, *shape, [1, 5, 8, 11], seed=t + shape[1], config={"rt": rt})
 
 
+# the cp.async-pipelined kernel (gemv_mma_pipe.cuh) at N <= 8: both row-tile counts and ring
+# depths, rows whose byte offset is not 16-aligned (Q6_K at K = 5120: 4,200-byte rows), partial
+# last tiles, split tiles (atomics), and an N = 11 call (its first 8 columns run here, the rest on
+# tf_mma); Q8_0 is not pipelined and must fall back
+@pytest.mark.parametrize("nst", [2, 3])
+@pytest.mark.parametrize("rt", [1, 2])
+@pytest.mark.parametrize("shape", [(5120, 17408), (17408, 5120), (5120, 1040), (2304, 300)],
+                         ids=lambda s: f"{s[0]}to{s[1]}")
+@pytest.mark.parametrize("t", list(gm.PIPE_TYPES) + [8], ids=NAMES.get)
+def test_device_pipe(t, shape, rt, nst):
+    check(t, *shape, [1, 3, 5, 8, 11], seed=t + shape[1] + 7 * rt + nst,
+          config={"pipe": 1, "rt": rt, "nst": nst})
+
+
+def test_device_pipe_grid():
+    for cps in (1, 3):
+        check(23, 4096, 300, [5], seed=cps, config={"pipe": 1, "ctas_per_sm": cps})
+
+
 def test_device_many_columns():
     check(12, 2048, 512, [17, 24, 33], seed=5)
 

@@ -306,7 +306,7 @@ def _fma(tyctx, a, b, c):
     return _nt.float32(_nt.float32, _nt.float32, _nt.float32), _fma_codegen
 
 
-def _prefetch_codegen(context, builder, sig, args):
+def _prefetch_codegen(context, builder, sig, args, locality=3):
     p = _data(context, builder, sig.args[0], args[0])
     q = builder.gep(p, [args[1]], source_etype=_I8)
     # llvm.prefetch(ptr, rw = 0 read, locality = 3 keep, cache = 1 data): prefetcht0. Its name
@@ -318,7 +318,7 @@ def _prefetch_codegen(context, builder, sig, args):
         q = builder.bitcast(q, _ir.PointerType(_I8))
         name = "llvm.prefetch.p0i8"
     f = _fn(builder, name, _ir.VoidType(), [q.type, _I32, _I32, _I32])
-    builder.call(f, [q, _ir.Constant(_I32, 0), _ir.Constant(_I32, 3), _ir.Constant(_I32, 1)])
+    builder.call(f, [q, _ir.Constant(_I32, 0), _ir.Constant(_I32, locality), _ir.Constant(_I32, 1)])
     return context.get_dummy_value()
 
 
@@ -326,6 +326,16 @@ def _prefetch_codegen(context, builder, sig, args):
 def _prefetch(tyctx, arr, off):
     """Hint the cache line holding byte `off` of arr's data into L1 (x86 prefetcht0)."""
     return _nt.void(arr, _nt.int64), _prefetch_codegen
+
+
+def _prefetch_l2_codegen(context, builder, sig, args):
+    return _prefetch_codegen(context, builder, sig, args, locality=2)
+
+
+@_intrinsic
+def _prefetch_l2(tyctx, arr, off):
+    """Hint the cache line holding byte `off` of arr's data into L2 (x86 prefetcht1)."""
+    return _nt.void(arr, _nt.int64), _prefetch_l2_codegen
 
 
 #: bytes ahead of the block being read that each row's loop prefetches (0: none). The host rows
@@ -345,11 +355,41 @@ def _prefetch_env() -> int:
 PREFETCH = _prefetch_env()
 
 
+#: a second, farther prefetch into L2 only (prefetcht1), bytes ahead of the block (0: none). The
+#: L1 prefetch holds a line-fill buffer from issue to arrival (~10-16 per core); an L2 prefetch
+#: only takes an L2 miss slot (~32-48), so a far one keeps more misses in flight per core and the
+#: near one then hits L2. TIGHTFIT_CPU_PREFETCH_L2 sets it; it rides in the high 32 bits of `pf`
+#: (pf = L1 distance + (L2 distance << 32)) so the kernels keep gemv_simd's signature plus one.
+def _prefetch_l2_env() -> int:
+    v = os.environ.get("TIGHTFIT_CPU_PREFETCH_L2", "0").strip() or "0"
+    if not v.isdigit():
+        raise ValueError(f"TIGHTFIT_CPU_PREFETCH_L2={v!r}: expected a byte count >= 0 (0: none)")
+    return int(v)
+
+
+PREFETCH_L2 = _prefetch_l2_env()
+
+
+def prefetch_arg(l1: int = PREFETCH, l2: int = PREFETCH_L2) -> int:
+    """The kernels' `pf` argument: L1 distance in the low 32 bits, L2 distance in the high."""
+    if not (0 <= l1 < 1 << 31 and 0 <= l2 < 1 << 31):
+        raise ValueError(f"prefetch distances out of range: {l1}, {l2}")
+    return int(l1) | (int(l2) << 32)
+
+
+PF_ARG = prefetch_arg()
+
+
 @njit(inline="always")
 def _pf_block(wr, o, ts, pf):
-    if pf > 0:
+    p1 = pf & 0xFFFFFFFF
+    p2 = pf >> 32
+    if p1 > 0:
         for c in range(0, ts, 64):
-            _prefetch(wr, np.int64(o + pf + c))
+            _prefetch(wr, np.int64(o + p1 + c))
+    if p2 > 0:
+        for c in range(0, ts, 64):
+            _prefetch_l2(wr, np.int64(o + p2 + c))
 
 
 @njit(inline="always")
@@ -401,9 +441,9 @@ def _row(qt, wr, ts, nb, xb, sb, xdb, tab, pf):
 
 
 @njit(parallel=True, cache=True)
-def gemv_avx512(qt, w, xq, xd, xs, y, tab, ssc, pf=PREFETCH):
+def gemv_avx512(qt, w, xq, xd, xs, y, tab, ssc, pf=PF_ARG):
     """cpu_gemv_kern.gemv_simd on AVX-512 VNNI: same signature, same result bit for bit
-    (ssc is unused: the scales never leave the vector registers); pf: PREFETCH."""
+    (ssc is unused: the scales never leave the vector registers); pf: prefetch_arg()."""
     M = w.shape[0]
     B = xq.shape[0]
     nb = xq.shape[1] // 256
@@ -416,9 +456,9 @@ def gemv_avx512(qt, w, xq, xd, xs, y, tab, ssc, pf=PREFETCH):
 
 
 @njit(parallel=True, cache=True)
-def gemv_avx512_group(ws, qts, ycol, cm, cr0, cr1, xq, xd, xs, y, tab, ssc, pf=PREFETCH):
+def gemv_avx512_group(ws, qts, ycol, cm, cr0, cr1, xq, xd, xs, y, tab, ssc, pf=PF_ARG):
     """cpu_gemv_kern.gemv_simd_group on AVX-512 VNNI: same signature, same result bit for bit
-    (pf: PREFETCH)."""
+    (pf: prefetch_arg())."""
     B = xq.shape[0]
     nb = xq.shape[1] // 256
     xp = permute_x(xq, np.empty(xq.shape, np.int8))

@@ -41,6 +41,7 @@ from tightfit.kernels.cuda_source import CUDA_DIR, COMMON, source_hash
 from tightfit.kernels.gemv_cuda import check_type, check_operands, check_shape, layout0
 
 MMA = "gemv_mma.cuh"
+PIPE = "gemv_mma_pipe.cuh"
 THREADS = 256                       # TF_MMA_THREADS
 WARPS = THREADS // 32
 NTS = (1, 2)                        # B tiles per launch (8 columns each)
@@ -51,6 +52,14 @@ RTS = (1, 2)                        # 16-row tiles per warp (config "rt" / env T
 DEFAULT_RT = 2
 # (nt, rt) -> kernel template; rt = 2 only at nt = 1 (N <= 8: at nt = 2 it spilled hundreds of bytes)
 KERNELS = {(1, 1): "tf_mma<{m}, 1>", (2, 1): "tf_mma<{m}, 2>", (1, 2): "tf_mma_rt<{m}, 1, 2>"}
+# Pipelined variant (gemv_mma_pipe.cuh: weights staged through a per-warp cp.async ring of NST
+# stages), NT = 1 only (N <= 8), every format whose load() takes shared memory (not Q8_0).
+PIPE_KERNEL = "tf_mma_pipe<{m}, {rt}, {nst}>"
+PIPE_TYPES = (12, 13, 14, 23)
+PIPE_NSTS = (2, 3)
+DEFAULT_PIPE = False                # switched per measurement (TIGHTFIT_MMA_PIPE=0|1)
+DEFAULT_NST = 2
+PIPE_RT = {14: 1}                   # Q6_K: two row tiles spill (as tf_mma_rt); others DEFAULT_RT
 _FMT_RE = re.compile(r"X\(\s*(M_\w+)\s*,\s*(\d+)\s*\)")
 _lock = threading.Lock()
 _modules: dict[tuple[int, int], dict[int, object]] = {}
@@ -58,9 +67,10 @@ _geom: dict[tuple, tuple] = {}
 
 
 def source() -> str:
-    """Translation unit: gemv_common.cuh + gemv_mma.cuh."""
+    """Translation unit: gemv_common.cuh + gemv_mma.cuh + gemv_mma_pipe.cuh."""
     return ((CUDA_DIR / COMMON).read_text() + "\n// ---- " + MMA + "\n"
-            + (CUDA_DIR / MMA).read_text())
+            + (CUDA_DIR / MMA).read_text() + "\n// ---- " + PIPE + "\n"
+            + (CUDA_DIR / PIPE).read_text())
 
 
 @lru_cache(maxsize=1)
@@ -112,6 +122,60 @@ def _module(qtype: int, device: int) -> dict[tuple[int, int], object]:
     return mods
 
 
+_pipe_fns: dict[tuple[int, int, int, int], object] = {}
+
+
+def pipe_smem(qtype: int, rt: int, nst: int) -> int:
+    """Dynamic shared memory per CTA of tf_mma_pipe<M, rt, nst> (mirrors tf_mmp_geo)."""
+    u, bb = step_blocks(qtype, 1, rt), _fmt_const(qtype, "BB")
+    cpr = (u * bb + 30) // 16
+    sr = 16 * cpr if cpr & 1 else 16 * cpr + 16
+    return WARPS * nst * 16 * rt * sr
+
+
+def _pipe_fn(qtype: int, device: int, rt: int, nst: int):
+    key = (device, int(qtype), rt, nst)
+    fn = _pipe_fns.get(key)
+    if fn is None:
+        with _lock:
+            fn = _pipe_fns.get(key)
+            if fn is None:
+                cp = _rt.cupy()
+                name = PIPE_KERNEL.format(m=_formats()[int(qtype)], rt=rt, nst=nst)
+                with cp.cuda.Device(device):
+                    mod = cp.RawModule(code=source(), options=("-std=c++17",), name_expressions=[name])
+                    fn = mod.get_function(name)
+                    sm = pipe_smem(qtype, rt, nst)
+                    if sm > 48 << 10:
+                        fn.max_dynamic_shared_size_bytes = sm
+                _pipe_fns[key] = fn
+    return fn
+
+
+def _pipe_choice(qtype: int, config: dict | None) -> tuple[int, int] | None:
+    """(rt, nst) of the pipelined kernel for this call, or None: switch (config "pipe" / env
+    TIGHTFIT_MMA_PIPE, default DEFAULT_PIPE), format support."""
+    cfg = config or {}
+    on = cfg.get("pipe")
+    if on is None:
+        env = os.environ.get("TIGHTFIT_MMA_PIPE", "")
+        on = DEFAULT_PIPE if env == "" else env != "0"
+    if not on or int(qtype) not in PIPE_TYPES:
+        return None
+    rt = int(cfg.get("rt", 0)) or PIPE_RT.get(int(qtype), 0) or int(
+        os.environ.get("TIGHTFIT_MMA_RT", DEFAULT_RT))
+    nst = int(cfg.get("nst", 0)) or int(os.environ.get("TIGHTFIT_MMA_NST", DEFAULT_NST))
+    if rt not in RTS or nst not in PIPE_NSTS:
+        raise ValueError(f"MMA GEMV: pipe rt {rt} / nst {nst} not in {RTS} / {PIPE_NSTS}")
+    return rt, nst
+
+
+@lru_cache(maxsize=None)
+def _smem_sm(device: int) -> int:
+    p = torch.cuda.get_device_properties(device)
+    return int(getattr(p, "shared_memory_per_multiprocessor", 0) or (228 << 10))
+
+
 @lru_cache(maxsize=None)
 def _sms(device: int) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
@@ -157,14 +221,15 @@ def _chunks(n: int) -> list[tuple[int, int]]:
 def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
              config: dict | None = None) -> torch.Tensor:
     """out[N, n_out] (fp32) = x . W^T, x given as a layout-0 QuantAct (quantize_act).
-    config: {"ctas_per_sm": n} sizes the stream-K grid for n resident CTAs per SM (default 2);
+    config: {"pipe": 0|1, "nst": 2|3} (or env TIGHTFIT_MMA_PIPE / TIGHTFIT_MMA_NST): the
+    pipelined kernel at N <= 8 for PIPE_TYPES; {"ctas_per_sm": n} sizes the stream-K grid for n resident CTAs per SM (default 2);
     {"rt": 1|2} (or env TIGHTFIT_MMA_RT): 16-row tiles per warp at N <= 8 (default 2: each x
     fragment and column scale serves 32 rows; N > 8 chunks always run 1)."""
     qtype = check_type("MMA GEMV", qtype, supported)
     n, k, q, d, s16 = layout0("MMA GEMV", act)
     dev = w_raw.device
     gkey = (qtype, n, k, int(n_out), dev.index,
-            None if config is None else tuple(sorted(config.items())))
+            None if config is None else tuple(sorted(config.items())), _pipe_choice(qtype, config))
     g = _geom.get(gkey)
     if g is None:
         rb = check_shape("MMA GEMV", qtype, act, dev)
@@ -177,14 +242,24 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
         rt = int((config or {}).get("rt", 0)) or int(os.environ.get("TIGHTFIT_MMA_RT", DEFAULT_RT))
         if rt not in RTS:
             raise ValueError(f"MMA GEMV: rt {rt} not in {RTS}")
+        pipe = _pipe_choice(qtype, config)
         mods = _module(qtype, dev.index)
         launches = []
         for c0, nc in _chunks(n):
             nt = 1 if nc <= 8 else 2
+            if nt == 1 and pipe is not None:
+                prt, nst = pipe
+                sm = pipe_smem(qtype, prt, nst)
+                fit = min(cps, _smem_sm(dev.index) // (sm + 1024))
+                if fit >= 1:
+                    ctas, split = geometry(qtype, k, int(n_out), _sms(dev.index), fit, 1, prt)
+                    launches.append((_pipe_fn(qtype, dev.index, prt, nst), c0, nc, (ctas, 1, 1),
+                                     split, sm))
+                    continue
             r = rt if (nt, rt) in KERNELS else 1
             ctas, split = geometry(qtype, k, int(n_out), _sms(dev.index), cps, nt, r)
-            launches.append((mods[(nt, r)], c0, nc, (ctas, 1, 1), split))
-        g = (rb, any(sp for *_, sp in launches), launches)
+            launches.append((mods[(nt, r)], c0, nc, (ctas, 1, 1), split, 0))
+        g = (rb, any(ln[4] for ln in launches), launches)
         _geom[gkey] = g
     rb, zero, launches = g
     check_operands("MMA GEMV", act, w_raw, int(n_out), out, rb)
@@ -197,11 +272,11 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
     if zero:        # partial tiles are atomically added (no allocation: a memset on the stream)
         out.zero_()
     with stream:
-        for fn, c0, nc, grid, split in launches:
+        for fn, c0, nc, grid, split, sm in launches:
             fn(grid, (THREADS, 1, 1),
                (np.uint64(pw), np.uint64(pq + c0 * k), np.uint64(pd + c0 * (k // 32) * 4),
                 np.uint64(ps + c0 * (k // 16) * 4), np.uint64(py + c0 * n_out * 4), N_OUT, K,
-                np.int32(nc), np.int32(split)))
+                np.int32(nc), np.int32(split)), shared_mem=sm)
     return out
 
 
@@ -239,6 +314,16 @@ extern "C" int tf_mma_host_info(int qtype, int* out) {  // QK, BB, KS, NG, U, MI
   }
   return -1;
 }
+extern "C" int tf_mma_host_pipe_smem(int qtype, int rt, int nst) {  // tf_mmp_geo::CTA_BYTES
+#define TF_GEO(M, R, S) if (rt == R && nst == S) return tf_mmp_geo<M, R, S>::CTA_BYTES;
+  switch (qtype) {
+#define TF_CASE(M, T) case T: TF_GEO(M, 1, 2) TF_GEO(M, 1, 3) TF_GEO(M, 2, 2) TF_GEO(M, 2, 3) break;
+    TF_MMA_FORMATS(TF_CASE)
+#undef TF_CASE
+  }
+#undef TF_GEO
+  return -1;
+}
 """
 _host_lock = threading.Lock()
 _host_lib: dict[str, ctypes.CDLL] = {}
@@ -257,6 +342,8 @@ def _host() -> ctypes.CDLL:
             lib.tf_mma_host_frag.restype = ctypes.c_int
             lib.tf_mma_host_info.argtypes = [ctypes.c_int, P]
             lib.tf_mma_host_info.restype = ctypes.c_int
+            lib.tf_mma_host_pipe_smem.argtypes = [ctypes.c_int] * 3
+            lib.tf_mma_host_pipe_smem.restype = ctypes.c_int
             _host_lib[key] = lib
     return lib
 
@@ -267,6 +354,11 @@ def host_info(qtype: int) -> dict:
         raise ValueError(f"MMA GEMV: no format for GGML type {qtype}")
     return dict(zip(("QK", "BB", "KS", "NG", "U", "MINS", "U1", "U2", "U1R2", "U2R2"),
                     (int(v) for v in out)))
+
+
+def host_pipe_smem(qtype: int, rt: int, nst: int) -> int:
+    """tf_mmp_geo<M, rt, nst>::CTA_BYTES as the header computes it (g++, no GPU)."""
+    return int(_host().tf_mma_host_pipe_smem(int(qtype), int(rt), int(nst)))
 
 
 def host_frag(qtype: int, blk: np.ndarray, xb: np.ndarray, t: int, j: int
@@ -302,6 +394,12 @@ def compile_report(arch: str = "sm_90", nvcc: str | None = None) -> list[dict]:
         for v in KERNELS.values():
             src += (f"template __global__ void {v.format(m=name)}(const uint8_t*, "
                     "const int8_t*, const float*, const int*, float*, int, int, int, int);\n")
+        if t in PIPE_TYPES:
+            for rt in RTS:
+                for nst in PIPE_NSTS:
+                    src += (f"template __global__ void {PIPE_KERNEL.format(m=name, rt=rt, nst=nst)}"
+                            "(const uint8_t*, const int8_t*, const float*, const int*, float*, "
+                            "int, int, int, int);\n")
     with tempfile.TemporaryDirectory() as td:
         cu = os.path.join(td, "tf_mma.cu")
         Path(cu).write_text(src)
@@ -310,17 +408,23 @@ def compile_report(arch: str = "sm_90", nvcc: str | None = None) -> list[dict]:
     if r.returncode:
         raise RuntimeError(f"nvcc failed:\n{r.stderr[-6000:]}")
     types = {n: t for t, n in _formats().items()}
-    pat = re.compile(r"Compiling entry function '_Z\d+tf_mma(?:_rt)?I(\d*)(M_\w+?)Li(\d+)E(?:Li(\d+)E)?\w*'.*?"
+    pat = re.compile(r"Compiling entry function '_Z\d+tf_mma(_rt|_pipe)?I(\d*)(M_\w+?)Li(\d+)E"
+                     r"(?:Li(\d+)E)?\w*'.*?"
                      r"(\d+) bytes spill stores, (\d+) bytes spill loads.*?Used (\d+) registers"
                      r"(?:.*?(\d+) bytes smem)?", re.S)
     out = []
     for m in pat.finditer(r.stderr + r.stdout):
-        out.append({"format": m.group(2), "type": types.get(m.group(2), -1), "nt": int(m.group(3)),
-                    "rt": int(m.group(4) or 1), "regs": int(m.group(7)), "spill_stores": int(m.group(5)),
-                    "spill_loads": int(m.group(6)), "smem": int(m.group(8) or 0)})
-    out.sort(key=lambda d: (d["type"], d["rt"], d["nt"]))
+        pipe = m.group(1) == "_pipe"      # tf_mma_pipe<M, RT, NST>: NT = 1
+        a, b = int(m.group(4)), int(m.group(5) or 1)
+        out.append({"format": m.group(3), "type": types.get(m.group(3), -1),
+                    "kernel": "pipe" if pipe else "rt" if m.group(1) else "mma",
+                    "nt": 1 if pipe else a, "rt": a if pipe else b, "nst": b if pipe else 0,
+                    "regs": int(m.group(8)), "spill_stores": int(m.group(6)),
+                    "spill_loads": int(m.group(7)), "smem": int(m.group(9) or 0)})
+    out.sort(key=lambda d: (d["type"], d["kernel"], d["rt"], d["nt"], d["nst"]))
     return out
 
 
 __all__ = ["available", "supported", "gemv_mma", "prepare", "geometry", "kernel_names",
-           "host_frag", "host_info", "compile_report", "source", "NTS", "RTS", "KERNELS", "step_blocks"]
+           "host_frag", "host_info", "compile_report", "source", "NTS", "RTS", "KERNELS", "step_blocks",
+           "pipe_smem", "host_pipe_smem", "PIPE_TYPES", "PIPE_NSTS"]
