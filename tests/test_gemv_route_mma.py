@@ -46,8 +46,10 @@ def test_on_by_default_off_by_env_and_never_on_cpu(monkeypatch):
 
 def test_below_crossover_not_routed(monkeypatch):
     monkeypatch.setenv("TIGHTFIT_GEMV_MMA", "1")
+    monkeypatch.delenv("TIGHTFIT_MMA_PIPE", raising=False)
     monkeypatch.setattr(gemv_mma, "available", lambda: True)
-    for t, n in R.MMA_MIN_N.items():
+    for t in R.MMA_MIN_N:
+        n = R.mma_min_n(t)
         assert not R.mma_routed(t, n - 1, _FakeCuda)
         assert R.mma_routed(t, n, _FakeCuda)
 
@@ -86,3 +88,16 @@ def test_shared_operand_checks_refuse_bad_buffers():
         check_operands("X", act(d=torch.zeros(n, k // 16)), w, n_out, out, rb)
     with pytest.raises(ValueError, match="out must be contiguous fp32"):
         check_operands("X", act(), w, n_out, out.double(), rb)
+
+
+def test_q6_k_crossover_follows_the_pipelined_kernel(monkeypatch):
+    """Q6_K routes from N = 4 while its products run on the pipelined kernel (the default), from
+    N = 8 when TIGHTFIT_MMA_PIPE=0 leaves it on tf_mma_rt; the others keep their crossover."""
+    monkeypatch.setattr(gemv_mma, "available", lambda: True)
+    monkeypatch.delenv("TIGHTFIT_GEMV_MMA", raising=False)
+    monkeypatch.delenv("TIGHTFIT_MMA_PIPE", raising=False)
+    assert gemv_mma.pipe_default(14) and not gemv_mma.pipe_default(23)
+    assert R.mma_min_n(14) == 4 and R.mma_routed(14, 5, _FakeCuda)
+    monkeypatch.setenv("TIGHTFIT_MMA_PIPE", "0")
+    assert R.mma_min_n(14) == 8 and not R.mma_routed(14, 5, _FakeCuda)
+    assert all(R.mma_min_n(t) == R.MMA_MIN_N[t] for t in R.MMA_MIN_N)

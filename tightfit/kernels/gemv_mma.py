@@ -57,9 +57,14 @@ KERNELS = {(1, 1): "tf_mma<{m}, 1>", (2, 1): "tf_mma<{m}, 2>", (1, 2): "tf_mma_r
 PIPE_KERNEL = "tf_mma_pipe<{m}, {rt}, {nst}>"
 PIPE_TYPES = (12, 13, 14, 23)
 PIPE_NSTS = (2, 3)
-DEFAULT_PIPE = False                # switched per measurement (TIGHTFIT_MMA_PIPE=0|1)
+# Measured on the H200 (session 10 call 1, bench/gemv.py --impls mma, us per matrix with the
+# activation quantization, N = 5, tf_mma_rt -> pipe rt 2 / nst 2): Q6_K 5120->17408 63.5 -> 52.0,
+# 17408->5120 62.0 -> 55.9, 5120->248320 651 -> 501 (dp4a gemv_cuda: 56.8, 61.3, 693); IQ4_XS,
+# Q4_K, Q5_K 2-20 % slower than tf_mma_rt at every N (their loads are not the limit). So the pipe
+# is the default for Q6_K only (TIGHTFIT_MMA_PIPE=1: every PIPE_TYPE, 0: none).
+PIPE_DEFAULT_TYPES = (14,)
 DEFAULT_NST = 2
-PIPE_RT = {14: 1}                   # Q6_K: two row tiles spill (as tf_mma_rt); others DEFAULT_RT
+PIPE_RT: dict[int, int] = {}        # per-type row tiles (else DEFAULT_RT)
 _FMT_RE = re.compile(r"X\(\s*(M_\w+)\s*,\s*(\d+)\s*\)")
 _lock = threading.Lock()
 _modules: dict[tuple[int, int], dict[int, object]] = {}
@@ -125,6 +130,11 @@ def _module(qtype: int, device: int) -> dict[tuple[int, int], object]:
 _pipe_fns: dict[tuple[int, int, int, int], object] = {}
 
 
+def pipe_default(qtype: int) -> bool:
+    """Whether an N <= 8 call of `qtype` without a config runs the pipelined kernel now."""
+    return _pipe_choice(qtype, None) is not None
+
+
 def pipe_smem(qtype: int, rt: int, nst: int) -> int:
     """Dynamic shared memory per CTA of tf_mma_pipe<M, rt, nst> (mirrors tf_mmp_geo)."""
     u, bb = step_blocks(qtype, 1, rt), _fmt_const(qtype, "BB")
@@ -154,12 +164,12 @@ def _pipe_fn(qtype: int, device: int, rt: int, nst: int):
 
 def _pipe_choice(qtype: int, config: dict | None) -> tuple[int, int] | None:
     """(rt, nst) of the pipelined kernel for this call, or None: switch (config "pipe" / env
-    TIGHTFIT_MMA_PIPE, default DEFAULT_PIPE), format support."""
+    TIGHTFIT_MMA_PIPE, default: PIPE_DEFAULT_TYPES), format support."""
     cfg = config or {}
     on = cfg.get("pipe")
     if on is None:
-        env = os.environ.get("TIGHTFIT_MMA_PIPE", "")
-        on = DEFAULT_PIPE if env == "" else env != "0"
+        env = os.environ.get("TIGHTFIT_MMA_PIPE", "").strip()
+        on = int(qtype) in PIPE_DEFAULT_TYPES if env == "" else env != "0"
     if not on or int(qtype) not in PIPE_TYPES:
         return None
     rt = int(cfg.get("rt", 0)) or PIPE_RT.get(int(qtype), 0) or int(
@@ -427,4 +437,4 @@ def compile_report(arch: str = "sm_90", nvcc: str | None = None) -> list[dict]:
 
 __all__ = ["available", "supported", "gemv_mma", "prepare", "geometry", "kernel_names",
            "host_frag", "host_info", "compile_report", "source", "NTS", "RTS", "KERNELS", "step_blocks",
-           "pipe_smem", "host_pipe_smem", "PIPE_TYPES", "PIPE_NSTS"]
+           "pipe_smem", "host_pipe_smem", "pipe_default", "PIPE_TYPES", "PIPE_NSTS"]

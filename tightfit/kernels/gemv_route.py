@@ -171,6 +171,20 @@ def split_bound(n: int = 1) -> int:
 # with k = 4 decodes 1.52x plain instead of 1.29x (bench/RESULTS.md session 9, call 7). The decode
 # step (N = 1) never routes here. TIGHTFIT_GEMV_MMA=0 turns it off.
 MMA_MIN_N = {12: 3, 13: 3, 23: 4, 14: 8, 8: 9}
+# Q6_K on the cp.async-pipelined kernel (gemv_mma_pipe, its default since session 10): at N = 5
+# 52.0 / 55.9 / 501 us vs gemv_cuda's 56.8 / 61.3 / 693 on 5120->17408 / 17408->5120 / the output
+# head (bench/RESULTS.md session 10, call 1), so it routes from N = 4.
+MMA_MIN_N_PIPE = {14: 4}
+
+
+def mma_min_n(qtype: int) -> int | None:
+    """Smallest column count routed to gemv_mma for `qtype` (None: never)."""
+    m = MMA_MIN_N.get(int(qtype))
+    if m is not None and int(qtype) in MMA_MIN_N_PIPE:
+        from tightfit.kernels import gemv_mma
+        if gemv_mma.pipe_default(int(qtype)):
+            m = MMA_MIN_N_PIPE[int(qtype)]
+    return m
 
 
 def _mma_on() -> bool:
@@ -180,7 +194,7 @@ def _mma_on() -> bool:
 def mma_routed(qtype: int, n: int, w: torch.Tensor) -> bool:
     """Whether an N-column product of `qtype` weights runs on gemv_mma: switch on, a measured
     crossover reached, weights 16-byte aligned on a CUDA device with cupy."""
-    m = MMA_MIN_N.get(int(qtype))
+    m = mma_min_n(qtype)
     if not _mma_on() or m is None or n < m or not w.is_cuda or w.data_ptr() % 16:
         return False
     from tightfit.kernels import gemv_mma
@@ -216,7 +230,7 @@ def gemv_cuda_direct(x: torch.Tensor, w: torch.Tensor, qtype: int, n_out: int):
     return gemv_cuda(qa, w, int(qtype), int(n_out), out)
 
 
-__all__ = ["SMALL_TYPES", "CUDA_LAYOUT", "cuda_routed", "mma_routed", "MMA_MIN_N", "is_cuda",
+__all__ = ["SMALL_TYPES", "CUDA_LAYOUT", "cuda_routed", "mma_routed", "MMA_MIN_N", "mma_min_n", "is_cuda",
            "producer_writable", "gemv_cuda_direct",
            "act_layout", "is_small", "act_buffers", "make_act", "new_act",
            "quantize_into", "split_floats", "split_bound", "gemv_act"]
