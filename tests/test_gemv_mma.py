@@ -197,8 +197,8 @@ def test_geometry_one_wave_balanced():
     the others, split reported iff some warp's range cuts a tile."""
     for t in TYPES:
         for n_in, n_out in [(5120, 17408), (17408, 5120), (5120, 1024), (5120, 40), (2304, 300)]:
-            for nt, rt in gm.KERNELS:
-                ctas, split = gm.geometry(t, n_in, n_out, 132, 2, nt, rt)
+            for (nt, rt), fill in zip(list(gm.KERNELS) * 2, [True] * 3 + [False] * 3):
+                ctas, split = gm.geometry(t, n_in, n_out, 132, 2, nt, rt, fill)
                 u, qk = gm.step_blocks(t, nt, rt), traits(t).block_size
                 spt = -(-(n_in // qk) // u)
                 items = -(-n_out // (16 * rt)) * spt
@@ -208,6 +208,8 @@ def test_geometry_one_wave_balanced():
                 per = np.diff(b)
                 assert per.max() - per.min() <= 1 and per.max() == -(-items // min(items, 2112))
                 assert split == bool((b[1:-1] % spt != 0).any())
+                if fill:        # every slot of the wave busy (2 CTAs on every SM)
+                    assert ctas == min(264, -(-items // 8))
 
 
 def test_supported_list():

@@ -206,10 +206,13 @@ def step_blocks(qtype: int, nt: int, rt: int = 1) -> int:
 
 
 def geometry(qtype: int, n_in: int, n_out: int, sms: int, ctas_per_sm: int = 2,
-             nt: int = 1, rt: int = 1) -> tuple[int, bool]:
+             nt: int = 1, rt: int = 1, fill: bool = True) -> tuple[int, bool]:
     """(CTAs, split) of the stream-K launch (gemv_mma.cuh tf_mma): items = 16-row tiles x steps of
     U blocks; one wave of at most sms * ctas_per_sm CTAs (launch bounds: 2 resident per SM) in which
     every warp gets ceil(items / resident warps) or one item fewer, so no SM waits on a tail wave.
+    fill: every resident slot gets a warp (each SM the same share of items); without it the grid
+    shrinks to ceil(items / per) warps of `per` items, which on the 27B's FFN shapes left 37 of 132
+    SMs with one CTA while the others ran two (227 CTAs: ncu, session 10 call 2).
     split: some warp's item range starts or ends inside a tile (y must be zeroed first and those
     tiles are atomically added)."""
     qk, u = _fmt_const(qtype, "QK"), step_blocks(qtype, nt, rt)
@@ -217,7 +220,7 @@ def geometry(qtype: int, n_in: int, n_out: int, sms: int, ctas_per_sm: int = 2,
     items = ((n_out + 16 * rt - 1) // (16 * rt)) * spt
     slots = sms * ctas_per_sm * WARPS
     per = -(-items // slots)                       # items per warp
-    ctas = -(-(-(-items // per)) // WARPS)
+    ctas = -(-min(items, slots) // WARPS) if fill else -(-(-(-items // per)) // WARPS)
     nw = ctas * WARPS
     bounds = items * np.arange(1, nw, dtype=np.int64) // nw
     split = bool((bounds % spt != 0).any())
@@ -231,7 +234,8 @@ def _chunks(n: int) -> list[tuple[int, int]]:
 def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
              config: dict | None = None) -> torch.Tensor:
     """out[N, n_out] (fp32) = x . W^T, x given as a layout-0 QuantAct (quantize_act).
-    config: {"pipe": 0|1, "nst": 2|3} (or env TIGHTFIT_MMA_PIPE / TIGHTFIT_MMA_NST): the
+    config: {"fill": 0|1} (env TIGHTFIT_MMA_FILL; default 1): grid over every resident slot
+    (geometry()); {"pipe": 0|1, "nst": 2|3} (or env TIGHTFIT_MMA_PIPE / TIGHTFIT_MMA_NST): the
     pipelined kernel at N <= 8 for PIPE_TYPES; {"ctas_per_sm": n} sizes the stream-K grid for n resident CTAs per SM (default 2);
     {"rt": 1|2} (or env TIGHTFIT_MMA_RT): 16-row tiles per warp at N <= 8 (default 2: each x
     fragment and column scale serves 32 rows; N > 8 chunks always run 1)."""
@@ -239,7 +243,8 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
     n, k, q, d, s16 = layout0("MMA GEMV", act)
     dev = w_raw.device
     gkey = (qtype, n, k, int(n_out), dev.index,
-            None if config is None else tuple(sorted(config.items())), _pipe_choice(qtype, config))
+            None if config is None else tuple(sorted(config.items())), _pipe_choice(qtype, config),
+            os.environ.get("TIGHTFIT_MMA_FILL", "1"))
     g = _geom.get(gkey)
     if g is None:
         rb = check_shape("MMA GEMV", qtype, act, dev)
@@ -253,6 +258,7 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
         if rt not in RTS:
             raise ValueError(f"MMA GEMV: rt {rt} not in {RTS}")
         pipe = _pipe_choice(qtype, config)
+        fill = bool(int((config or {}).get("fill", os.environ.get("TIGHTFIT_MMA_FILL", "1"))))
         mods = _module(qtype, dev.index)
         launches = []
         for c0, nc in _chunks(n):
@@ -262,12 +268,13 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
                 sm = pipe_smem(qtype, prt, nst)
                 fit = min(cps, _smem_sm(dev.index) // (sm + 1024))
                 if fit >= 1:
-                    ctas, split = geometry(qtype, k, int(n_out), _sms(dev.index), fit, 1, prt)
+                    ctas, split = geometry(qtype, k, int(n_out), _sms(dev.index), fit, 1, prt,
+                                           fill)
                     launches.append((_pipe_fn(qtype, dev.index, prt, nst), c0, nc, (ctas, 1, 1),
                                      split, sm))
                     continue
             r = rt if (nt, rt) in KERNELS else 1
-            ctas, split = geometry(qtype, k, int(n_out), _sms(dev.index), cps, nt, r)
+            ctas, split = geometry(qtype, k, int(n_out), _sms(dev.index), cps, nt, r, fill)
             launches.append((mods[(nt, r)], c0, nc, (ctas, 1, 1), split, 0))
         g = (rb, any(ln[4] for ln in launches), launches)
         _geom[gkey] = g
