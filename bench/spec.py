@@ -86,10 +86,16 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_one(gen, ids, max_tokens, device):
+def run_one(gen, ids, max_tokens, device, state=None):
+    """One greedy generation; `state` (reset first) is reused as a Session reuses its state, so
+    the CUDA graphs captured on it (the step's, the verify block's per size) stay valid: without
+    it every run gets a fresh state and pays its graph captures inside the timing."""
     sync(device)
     last = None
-    for ev in gen(ids, max_tokens=max_tokens, sampling=GREEDY):
+    kw = {} if state is None else {"state": state, "n_past": 0}
+    if state is not None:
+        state.reset()
+    for ev in gen(ids, max_tokens=max_tokens, sampling=GREEDY, **kw):
         last = ev
     sync(device)
     tm = last.timings
@@ -119,12 +125,14 @@ def build_model(a) -> str:
     return path
 
 
-def warm_blocks(engine, kmax: int, device: str) -> None:
-    """Compile every verify block size once (Triton JIT / autotune per M) off the clock."""
+def warm_blocks(engine, kmax: int, device: str, st=None) -> None:
+    """Compile every verify block size once (Triton JIT / autotune per M) off the clock, and
+    capture its graph on `st` when given (the state the timed runs reuse)."""
     model = engine.model
     if not hasattr(model, "forward_block"):
         return
-    st = engine.new_state()
+    st = engine.new_state() if st is None else st
+    st.reset()
     model.forward([1, 2, 3], st, logits="last")
     for n in range(1, kmax + 2):
         blk = model.forward_block([5] * n, st, keep_states=n > 1)
@@ -147,6 +155,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--fresh-state", action="store_true",
+                    help="a new state per run (graph captures inside the timing) instead of one "
+                         "reused state, as a Session keeps")
     ap.add_argument("--drafters", default=None, help="real mode (default ngram,suffix[,mtp])")
     ap.add_argument("--max-draft", type=int, default=8)
     ap.add_argument("--mtp-draft", type=int, default=3)
@@ -207,14 +218,18 @@ def main() -> int:
     P = prompts(engine, a.n_ctx)
     ks = [int(x) for x in a.synth_k.split(",") if x]
     t = time.time()
-    list(engine.generate(P["prose"][:8], max_tokens=4, sampling=GREEDY))   # graph capture, JIT
-    warm_blocks(engine, max([a.max_draft] + ks), dev)
+    st = None if a.fresh_state else engine.new_state()
+    if st is not None:
+        st.reset()
+    list(engine.generate(P["prose"][:8], max_tokens=4, sampling=GREEDY,      # graph capture, JIT
+                         **({} if st is None else {"state": st, "n_past": 0})))
+    warm_blocks(engine, max([a.max_draft] + ks), dev, st)
     print(f"warm-up {time.time() - t:.1f}s", flush=True)
     base_cache: dict[str, tuple] = {}
 
     def plain(name):
         if name not in base_cache:
-            base_cache[name] = run_one(engine.generate, P[name], a.max_tokens, dev)
+            base_cache[name] = run_one(engine.generate, P[name], a.max_tokens, dev, st)
             last, tps = base_cache[name]
             emit(dict(mode="plain", prompt=name, n=len(last.tokens), plain_tps=tps,
                       ms_per_token=1000.0 / tps if tps else 0.0))
@@ -231,7 +246,7 @@ def main() -> int:
             if over_budget(f"forced k={k} r={r} {label}#{rep}"):
                 return
             base, tps0 = plain("prose")
-            last, tps = run_one(se.generate, P["prose"], a.max_tokens, dev)
+            last, tps = run_one(se.generate, P["prose"], a.max_tokens, dev, st)
             d = last.timings.as_dict()
             rounds = max(1, d["spec_rounds"])
             emit(dict(mode="forced", policy=label, rep=rep, k=k, rate=r,
@@ -266,7 +281,7 @@ def main() -> int:
                 if over_budget(f"real {name}#{rep}"):
                     break
                 base, tps0 = plain(name)
-                last, tps = run_one(se.generate, P[name], a.max_tokens, dev)
+                last, tps = run_one(se.generate, P[name], a.max_tokens, dev, st)
                 d = last.timings.as_dict()
                 emit(dict(mode="real", prompt=name, rep=rep, n=len(last.tokens),
                           verifier=type(se.verifier).__name__,
