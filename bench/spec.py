@@ -103,6 +103,14 @@ def run_one(gen, ids, max_tokens, device, state=None):
     return last, tps
 
 
+def first_diff(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where two generations differ (None: identical)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
 def build_model(a) -> str:
     from tightfit.model.generate import make_model
     if a.model:
@@ -236,6 +244,10 @@ def main() -> int:
         return base_cache[name]
 
     plain("prose")
+    # run-to-run determinism of the plain loop: a second run on the same state
+    again, _ = run_one(engine.generate, P["prose"], a.max_tokens, dev, st)
+    emit(dict(mode="plain-again", prompt="prose", n=len(again.tokens),
+              first_diff=first_diff(again.tokens, base_cache["prose"][0].tokens)))
 
     def forced(k: int, r: float, label: str) -> None:
         """The rows of one forced-acceptance setting (skipped past the budget)."""
@@ -262,6 +274,7 @@ def main() -> int:
                       # r = 0 rejects every draft: the plain tokens (informational: the block
                       # and step paths may round differently on the device)
                       same_plain=last.tokens == base.tokens if r == 0.0 else "-",
+                      first_diff=first_diff(last.tokens, base.tokens) if r == 0.0 else None,
                       draft_ms=d["draft_ms"]))
 
     if a.force_accept:
@@ -288,6 +301,7 @@ def main() -> int:
                           drafted=d["draft_rounds"] / max(1, d["spec_rounds"]),
                           round_ms={k: round(c.ms, 3) for k, c in sorted(se.policy.round_ms.items())},
                           same=last.tokens == base.tokens, plain_tps=tps0, spec_tps=tps,
+                          first_diff=first_diff(last.tokens, base.tokens),
                           speedup=tps / tps0 if tps0 else 0, acc=d["draft_acceptance"],
                           draft_n=d["draft_n"], draft_n_accepted=d["draft_n_accepted"],
                           rounds=d["spec_rounds"], draft_ms=d["draft_ms"], verify_ms=d["verify_ms"],
@@ -296,7 +310,10 @@ def main() -> int:
     print(f"{'mode':16} {'what':16} {'plain t/s':>9} {'spec t/s':>9} {'x':>5} {'acc':>5} "
           f"{'tok/rnd':>7} {'exp':>5} {'drafted':>7}  same")
     for r in rows:
-        if r["mode"] in ("plain", "skipped"):
+        if r["mode"] == "plain-again":
+            print(f"plain run twice on one state: first differing token {r['first_diff']} "
+                  f"of {r['n']}")
+        if r["mode"] in ("plain", "plain-again", "skipped"):
             continue
         if r["mode"] == "forced":
             mode = f"forced {r['policy']}" + (f" k={r['k']}" if r["policy"] == "fixed" else "")
@@ -307,7 +324,8 @@ def main() -> int:
         exp = r.get("expected_tokens_per_round")
         print(f"{mode:16} {what:16} {r['plain_tps']:9.1f} {r['spec_tps']:9.1f} {r['speedup']:5.2f} "
               f"{r['acc']:5.2f} {tpr:7.2f} {f'{exp:5.2f}' if exp is not None else '    -'} "
-              f"{r.get('drafted', 0.0):7.1%}  {r.get('same', r.get('same_plain', '-'))}")
+              f"{r.get('drafted', 0.0):7.1%}  {r.get('same', r.get('same_plain', '-'))}"
+              + (f" (first diff at {r['first_diff']})" if r.get("first_diff") is not None else ""))
     for r in rows:
         if r["mode"] == "skipped":
             print(f"skipped (budget): {r['what']}")
