@@ -39,6 +39,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=5)
     ap.add_argument("--layers", default="0,3,63")
     ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument("--variants", action="store_true", help="also a copy of the weights")
     a = ap.parse_args()
     path = build_model(argparse.Namespace(model=None, seedmix=True, path=a.path, mtp=False, layers=None))
     from tightfit.runtime.loader import load_engine
@@ -63,6 +64,14 @@ def main() -> int:
         routes = {}
         y = torch.full((a.n, n_out), float("nan"), device="cuda")
         routes["cuda N"] = gc.gemv_cuda(qa, L.raw, t, n_out, y).clone()
+        if a.variants:      # the same product on a fresh copy of the weights (another address)
+            wc = L.raw.clone()
+            y = torch.full((a.n, n_out), float("nan"), device="cuda")
+            routes["cuda N cp"] = gc.gemv_cuda(qa, wc, t, n_out, y).clone()
+            del wc
+            print(f"{name}: weights at 0x{L.raw.data_ptr():x} (mod 256 = {L.raw.data_ptr() % 256}), "
+                  f"{L.raw.numel()} bytes, stride {L.raw.stride()}, shape {tuple(L.raw.shape)}",
+                  flush=True)
         y1 = torch.empty(a.n, n_out, device="cuda")
         for c in range(a.n):
             q1 = quantize_act(x[c:c + 1], 0)
