@@ -9,15 +9,19 @@ import torch
 from tightfit.quant.traits import F16_SCALE_OFFSETS as F16_FIELDS, traits
 
 
-def rand_weights(t: int, n_out: int, n_in: int, seed: int, device: str = "cuda") -> torch.Tensor:
-    """n_out rows of n_in weights of GGML type t as one flat uint8 tensor."""
+def rand_weights(t: int, n_out: int, n_in: int, seed: int, device: str = "cuda",
+                 scale: tuple[float, float] = (0.001, 0.01)) -> torch.Tensor:
+    """n_out rows of n_in weights of GGML type t as one flat uint8 tensor; the fp16 block scales
+    uniform in `scale` (the default is normal fp16; (3e-6, 5e-5) makes most of them fp16
+    subnormals, as the seed-mix 27B's IQ4_XS / Q5_K / Q6_K scales are)."""
     tr = traits(t)
     g = torch.Generator(device=device)
     g.manual_seed(seed)
     raw = torch.randint(0, 256, (n_out * (n_in // tr.block_size), tr.type_size), dtype=torch.uint8,
                         device=device, generator=g)
     for off in F16_FIELDS[t]:
-        sc = (torch.rand(raw.shape[0], device=device, generator=g) * 0.009 + 0.001).half()
+        lo, hi = scale
+        sc = (torch.rand(raw.shape[0], device=device, generator=g) * (hi - lo) + lo).half()
         raw[:, off:off + 2] = sc.view(torch.uint8).view(-1, 2)
     return raw.view(-1)
 

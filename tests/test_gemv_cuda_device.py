@@ -40,8 +40,8 @@ NAMES.update(LOWBIT)
 LOWBIT_SHAPES = [s for s in SHAPES if s[1] != 48]
 
 
-def check(t, n_in, n_out, ns, seed=0):
-    w = rand_weights(t, n_out, n_in, seed)
+def check(t, n_in, n_out, ns, seed=0, scale=(0.001, 0.01)):
+    w = rand_weights(t, n_out, n_in, seed, scale=scale)
     for n in ns:
         x = torch.randn(n, n_in, device="cuda")
         out = torch.full((n, n_out), float("nan"), device="cuda")
@@ -71,6 +71,16 @@ def test_device_every_nc(t, shape, n):
     if shape[1] == 248320 and t != 14:
         pytest.skip("the output head is Q6_K")
     check(t, *shape, [n], seed=t * 7 + shape[1] + n)
+
+
+# fp16-subnormal block scales (the seed-mix 27B's IQ4_XS / Q5_K / Q6_K are all ~1e-5): every
+# kernel variant's fp16 conversion must keep them (tf_gemv3's CSE-friendly tf_h2f read them as 0
+# until session 10: N >= 2 products on wide matrices came out zero / wrong, N = 1 was right)
+@pytest.mark.parametrize("shape", [(5120, 17408), (5120, 1024), (17408, 5120)],
+                         ids=lambda s: f"{s[0]}to{s[1]}")
+@pytest.mark.parametrize("t", TYPES, ids=NAMES.get)
+def test_device_subnormal_scales(t, shape):
+    check(t, *shape, [1, 2, 5, 8, 16], seed=t + shape[1], scale=(3e-6, 5e-5))
 
 
 @pytest.mark.parametrize("shape", LOWBIT_SHAPES, ids=lambda s: f"{s[0]}to{s[1]}")

@@ -171,17 +171,37 @@ def test_auto_takes_the_measured_winners():
         gc.kernel_names(23, "auto")
 
 
+def _ftz(a: np.ndarray) -> np.ndarray:
+    """fp32 flush-to-zero: denormals become (signed) zero, as under -ftz / --use_fast_math."""
+    a = a.astype(np.float32)
+    return np.where(np.abs(a) < np.finfo(np.float32).tiny, np.float32(0) * np.sign(a), a).astype(np.float32)
+
+
 def test_cse_friendly_h2f_matches_numpy():
-    """TF_CSE_FRIENDLY tf_h2f: bits ((h & 0x8000) << 16 | (h & 0x7FFF) << 13) as fp32, times 2^112."""
-    assert "5.192296858534828e33f" in (CUDA_DIR / "gemv_common.cuh").read_text()
+    """TF_CSE_FRIENDLY tf_h2f (gemv_common.cuh), mirrored: mantissa (1024 + m, or m for a
+    subnormal) times 2^(max(e, 1) - 25). Exact for every finite fp16 also when the device flushes
+    fp32 denormals (every operand and result of the multiply is an integer below 2^11 or a normal
+    fp32), unlike the former form (fp16 bits in an fp32, times 2^112), which under flush-to-zero
+    read the seed-mix 27B's subnormal block scales as 0 (session 10). The device side is
+    test_gemv_cuda_device.py::test_device_subnormal_scales."""
+    src = (CUDA_DIR / "gemv_common.cuh").read_text()
+    assert "+ 102u) << 23" in src and "5.192296858534828e33f" not in src
     h = np.arange(65536, dtype=np.uint32)
-    b = ((h & 0x8000) << 16) | ((h & 0x7FFF) << 13)
-    f = b.astype(np.uint32).view(np.float32) * np.float32(2.0 ** 112)    # fp32 multiply (no FTZ)
-    ref = h.astype(np.uint16).view(np.float16).astype(np.float64)
+    e, m = (h >> 10) & 0x1F, h & 0x3FF
+    mant = np.where(e != 0, m | 0x400, m).astype(np.float32)
+    p2 = ((np.where(e != 0, e, 1) + 102) << 23).astype(np.uint32).view(np.float32)
+    assert (p2 >= np.finfo(np.float32).tiny).all()                # a normal power of two
+    v = _ftz(_ftz(mant) * _ftz(p2))
+    v = np.where(h & 0x8000, -v, v)
+    ref = h.astype(np.uint16).view(np.float16).astype(np.float32)
     finite = np.isfinite(ref)
-    assert f.dtype == np.float32
-    assert np.array_equal(f[finite], ref[finite].astype(np.float32))
-    assert np.array_equal(np.signbit(f[finite]), np.signbit(ref[finite]))
+    assert np.array_equal(v[finite], ref[finite])
+    assert np.array_equal(np.signbit(v[finite]), np.signbit(ref[finite]))
+    # the former form loses every subnormal under flush-to-zero: what this test guards against
+    b = ((h & 0x8000) << 16) | ((h & 0x7FFF) << 13)
+    old = _ftz(_ftz(b.astype(np.uint32).view(np.float32)) * np.float32(2.0 ** 112))
+    sub = finite & (e == 0) & (m != 0)
+    assert (old[sub] == 0).all() and not (ref[sub] == 0).any()
 
 
 # ---------------------------------------------------------------- v4 (tf_gemv4, N = 1)

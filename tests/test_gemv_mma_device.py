@@ -33,8 +33,8 @@ NS = [1, 2, 4, 5, 8, 11, 16]
 
 
 
-def check(t, n_in, n_out, ns, seed=0, config=None):
-    w = rand_weights(t, n_out, n_in, seed)
+def check(t, n_in, n_out, ns, seed=0, config=None, scale=(0.001, 0.01)):
+    w = rand_weights(t, n_out, n_in, seed, scale=scale)
     for n in ns:
         x = torch.randn(n, n_in, device="cuda")
         act = quantize_act(x, 0)
@@ -93,6 +93,14 @@ def test_device_pipe(t, shape, rt, nst):
 def test_device_pipe_grid():
     for cps in (1, 3):
         check(23, 4096, 300, [5], seed=cps, config={"pipe": 1, "ctas_per_sm": cps})
+
+
+# fp16-subnormal block scales (the seed-mix 27B's IQ4_XS / Q5_K / Q6_K): both kernels, and the
+# CUDA GEMV comparison inside check() runs its N >= 2 variant (tf_gemv3) on them too
+@pytest.mark.parametrize("pipe", [0, 1])
+@pytest.mark.parametrize("t", TYPES, ids=NAMES.get)
+def test_device_subnormal_scales(t, pipe):
+    check(t, 5120, 17408, [2, 5, 8, 11], seed=t + 11, config={"pipe": pipe}, scale=(3e-6, 5e-5))
 
 
 def test_device_many_columns():

@@ -152,10 +152,18 @@ TF_DEV float tf_h2f(uint16_t h) {
 #if TF_DEVICE && defined(TF_CSE_FRIENDLY)
   // plain integer/float arithmetic instead of inline asm: NVVM treats an asm statement as touching
   // memory, which stops it from reusing loads across it (the v3 kernel relies on that reuse).
-  // Exact for zero, subnormal and normal fp16 (the 2^112 rescale is exact; needs no FTZ, i.e. no
-  // --use_fast_math / -ftz); inf/NaN -> finite.
-  const uint32_t b = ((uint32_t)(h & 0x8000u) << 16) | ((uint32_t)(h & 0x7FFFu) << 13);
-  return __uint_as_float(b) * 5.192296858534828e33f;   // 2^112
+  // value = mantissa * 2^(exponent - 25) with mantissa = 1024 + m (normal) or m (subnormal,
+  // exponent 1): an exact integer times a NORMAL fp32 power of two, so no intermediate is a
+  // denormal. (The former form, the fp16 bits moved into an fp32 and multiplied by 2^112, went
+  // through an fp32 denormal for every fp16 subnormal and came out 0 under flush-to-zero: the
+  // seed-mix 27B's IQ4_XS / Q5_K / Q6_K block scales are fp16 subnormals, ~1e-5, and its N >= 2
+  // products on wide matrices read as zero or garbage, session 10.) Exact for zero, subnormal and
+  // normal fp16; inf/NaN -> finite.
+  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  const float mant = (float)(e ? (m | 0x400u) : m);
+  const float p2 = __uint_as_float(((e ? e : 1u) + 102u) << 23);   // 2^(max(e, 1) - 25)
+  const float v = mant * p2;
+  return (h & 0x8000u) ? -v : v;
 #elif TF_DEVICE
   float f;  // no <cuda_fp16.h> needed (NVRTC without include paths)
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
