@@ -81,6 +81,10 @@ def main() -> int:
         if gmm.supported(t):
             y = torch.full((a.n, n_out), float("nan"), device="cuda")
             routes["mma"] = gmm.gemv_mma(qa, L.raw, t, n_out, y).clone()
+            y = torch.full((a.n, n_out), float("nan"), device="cuda")
+            again = gmm.gemv_mma(qa, L.raw, t, n_out, y).clone()
+            dd = float((again - routes["mma"]).abs().max() / (routes["mma"].abs().max() + 1e-30))
+            print(f"{name}: mma run twice, max |diff| / max |y| = {dd:.2e}", flush=True)
         for r, yy in routes.items():
             got = yy[:, torch.as_tensor(rows, device="cuda")].double().cpu().numpy()
             err = float(np.linalg.norm(got - want) / (np.linalg.norm(want) + 1e-30))
