@@ -91,13 +91,13 @@ def test_shared_operand_checks_refuse_bad_buffers():
 
 
 def test_q6_k_crossover_follows_the_pipelined_kernel(monkeypatch):
-    """Q6_K routes from N = 4 while its products run on the pipelined kernel (the default), from
+    """Q6_K routes from N = 5 while its products run on the pipelined kernel (the default), from
     N = 8 when TIGHTFIT_MMA_PIPE=0 leaves it on tf_mma_rt; the others keep their crossover."""
     monkeypatch.setattr(gemv_mma, "available", lambda: True)
     monkeypatch.delenv("TIGHTFIT_GEMV_MMA", raising=False)
     monkeypatch.delenv("TIGHTFIT_MMA_PIPE", raising=False)
     assert gemv_mma.pipe_default(14) and not gemv_mma.pipe_default(23)
-    assert R.mma_min_n(14) == 4 and R.mma_routed(14, 5, _FakeCuda)
+    assert R.mma_min_n(14) == 5 and R.mma_routed(14, 5, _FakeCuda) and not R.mma_routed(14, 4, _FakeCuda)
     monkeypatch.setenv("TIGHTFIT_MMA_PIPE", "0")
     assert R.mma_min_n(14) == 8 and not R.mma_routed(14, 5, _FakeCuda)
     assert all(R.mma_min_n(t) == R.MMA_MIN_N[t] for t in R.MMA_MIN_N)

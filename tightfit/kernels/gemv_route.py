@@ -173,8 +173,8 @@ def split_bound(n: int = 1) -> int:
 MMA_MIN_N = {12: 3, 13: 3, 23: 4, 14: 8, 8: 9}
 # Q6_K on the cp.async-pipelined kernel (gemv_mma_pipe, its default since session 10): at N = 5
 # 52.0 / 55.9 / 501 us vs gemv_cuda's 56.8 / 61.3 / 693 on 5120->17408 / 17408->5120 / the output
-# head (bench/RESULTS.md session 10, call 1), so it routes from N = 4.
-MMA_MIN_N_PIPE = {14: 4}
+# head (bench/RESULTS.md session 10, call 1), so it routes from N = 5 (N = 4 not measured).
+MMA_MIN_N_PIPE = {14: 5}
 
 
 def mma_min_n(qtype: int) -> int | None:

@@ -8,6 +8,10 @@
 // took 25 us per 5120x17408 matrix, about the sum of its issue time (~8 us) and its bus time
 // (~11 us), i.e. no overlap inside a warp. Here the copies of the next NST - 1 work items are in
 // flight (in shared memory, no registers) while the warp computes the current one.
+// Measured (session 10, calls 1-3): a win for Q6_K only (N = 5: 63.5 -> 52.0 us on 5120x17408,
+// the output head 651 -> 501 us), 2-20 % slower for IQ4_XS / Q4_K / Q5_K: ncu showed those
+// issue-bound (0.5 IPC per scheduler at 3 active warps, ALU pipe half busy), not load-bound.
+// gemv_mma.PIPE_DEFAULT_TYPES holds the formats that use it by default.
 //
 // Ring: one per warp, NST stages of ROWS = 16 * RT row slots; a slot holds the item's U blocks of
 // one row as the 16-byte aligned chunks that contain them (the block starts at slot + mis, where
