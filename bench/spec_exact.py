@@ -48,6 +48,8 @@ def main() -> int:
     ap.add_argument("--positions", type=int, default=24)
     ap.add_argument("--block", type=int, default=5, help="verify block size M")
     ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument("--perturb", type=float, default=0.0,
+                    help="also: prefill with layer 0's attn_norm scaled by (1 + eps)")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     a = ap.parse_args()
     ns = argparse.Namespace(model=a.model, seedmix=True, path=a.path, mtp=False, layers=None)
@@ -74,6 +76,23 @@ def main() -> int:
         la = m.forward(ids, sa, logits="last")[0].float().cpu().numpy()
         lb = m.forward(ids, sb, logits="last")[0].float().cpu().numpy()
     rows = [dict(pos=-1, what="prefill A vs prefill B", **compare(la, lb))]
+    if a.perturb:
+        # how the model amplifies a rounding-sized change: layer 0's input norm scaled by
+        # (1 + eps) before a third prefill (a chaotic random net turns 1e-7 into O(10 %) logits)
+        w = m.vec["blk.0.attn_norm.weight"]
+        w0 = w.clone()
+        with torch.no_grad():
+            w.mul_(1.0 + a.perturb)
+            sc = engine.new_state()
+            sc.reset()
+            lc = m.forward(ids, sc, logits="last")[0].float().cpu().numpy()
+            w.copy_(w0)
+        r = compare(la, lc)
+        print(f"perturbation: blk.0.attn_norm.weight x (1 + {a.perturb:g}) -> logits rel. L2 "
+              f"{r['rel']:.2e} (argmax {'same' if r['same'] else 'changed'})", flush=True)
+        rows.append(dict(pos=-2, what=f"prefill with blk.0.attn_norm x (1 + {a.perturb:g})", **r))
+        if a.positions == 0:
+            return 0
     t = int(la.argmax())
     for p in range(a.positions):
         with torch.no_grad():

@@ -7,7 +7,7 @@ and what the host adds (forward_block's sync and status read; then every row of 
 the host and arg-maxed, as the speculative loop does), next to the one-token step.
 
     python3 bench/verify_profile.py [--ms 1,2,5,8] [--depth 0] [--reps 16] [--out DIR]
-    TIGHTFIT_GEMV_MMA=0 python3 bench/verify_profile.py ...    # without the tensor-core GEMV
+    TIGHTFIT_GEMV_MMA=1 python3 bench/verify_profile.py ...    # with the tensor-core GEMV (opt-in)
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def main() -> int:
     mode = "single" if st.pos + 1 <= 1024 else "split"
     step = st.graphs[(mode, True, False)]
     saved = st.status.clone()        # each replay advances the device position: put it back
-    res = {"depth": a.depth, "mma": os.environ.get("TIGHTFIT_GEMV_MMA", "1"),
+    res = {"depth": a.depth, "mma": os.environ.get("TIGHTFIT_GEMV_MMA", "0"),
            "step_us": cuda_time(step.replay, a.reps, warmup=3) * 1e6, "blocks": {}}
     st.status.copy_(saved)
     print(f"one-token step: {res['step_us']:.0f} us (graph replay)", flush=True)

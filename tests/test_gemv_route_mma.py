@@ -1,5 +1,5 @@
-"""Routing of N-column products to the tensor-core kernel (gemv_route.mma_routed): on unless
-TIGHTFIT_GEMV_MMA=0, only past the measured crossover, only for formats the kernel implements,
+"""Routing of N-column products to the tensor-core kernel (gemv_route.mma_routed): off unless
+TIGHTFIT_GEMV_MMA=1, only past the measured crossover, only for formats the kernel implements,
 never for CPU tensors."""
 from __future__ import annotations
 
@@ -29,19 +29,23 @@ def test_crossover_table_covers_only_implemented_formats():
         assert traits(t).block_size in (32, 256)
 
 
-def test_on_by_default_off_by_env_and_never_on_cpu(monkeypatch):
+def test_off_by_default_on_by_env_and_never_on_cpu(monkeypatch):
+    """Opt-in since session 10 (two prefills of one prompt were not repeatable with it on the
+    27B): the default and "0"/"off" leave every product on gemv_cuda; "1" routes past the
+    crossover; CPU tensors and formats without a decoder never route."""
     w = torch.zeros(1024, dtype=torch.uint8)
     monkeypatch.delenv("TIGHTFIT_GEMV_MMA", raising=False)
-    assert R._mma_on()
-    assert not R.mma_routed(12, 8, w)            # CPU tensor
-    assert not R.mma_routed(2, 16, w)            # Q4_0: no tensor-core decoder
-    for off in ("0", "off"):
-        monkeypatch.setenv("TIGHTFIT_GEMV_MMA", off)
-        assert not R._mma_on()
+    assert not R._mma_on()
     monkeypatch.setattr(gemv_mma, "available", lambda: True)
-    assert not R.mma_routed(12, 8, _FakeCuda)    # switched off
-    monkeypatch.delenv("TIGHTFIT_GEMV_MMA")
-    assert R.mma_routed(12, 8, _FakeCuda)        # the default routes a CUDA Q4_K at N = 8
+    assert not R.mma_routed(12, 8, _FakeCuda)    # the default: off
+    for off in ("0", "off", ""):
+        monkeypatch.setenv("TIGHTFIT_GEMV_MMA", off)
+        assert not R._mma_on() and not R.mma_routed(12, 8, _FakeCuda)
+    monkeypatch.setenv("TIGHTFIT_GEMV_MMA", "1")
+    assert R._mma_on()
+    assert R.mma_routed(12, 8, _FakeCuda)        # a CUDA Q4_K at N = 8
+    assert not R.mma_routed(12, 8, w)            # CPU tensor
+    assert not R.mma_routed(2, 16, _FakeCuda)    # Q4_0: no tensor-core decoder
 
 
 def test_below_crossover_not_routed(monkeypatch):
@@ -94,7 +98,7 @@ def test_q6_k_crossover_follows_the_pipelined_kernel(monkeypatch):
     """Q6_K routes from N = 5 while its products run on the pipelined kernel (the default), from
     N = 8 when TIGHTFIT_MMA_PIPE=0 leaves it on tf_mma_rt; the others keep their crossover."""
     monkeypatch.setattr(gemv_mma, "available", lambda: True)
-    monkeypatch.delenv("TIGHTFIT_GEMV_MMA", raising=False)
+    monkeypatch.setenv("TIGHTFIT_GEMV_MMA", "1")
     monkeypatch.delenv("TIGHTFIT_MMA_PIPE", raising=False)
     assert gemv_mma.pipe_default(14) and not gemv_mma.pipe_default(23)
     assert R.mma_min_n(14) == 5 and R.mma_routed(14, 5, _FakeCuda) and not R.mma_routed(14, 4, _FakeCuda)

@@ -166,10 +166,15 @@ def split_bound(n: int = 1) -> int:
 # H200 runs of session 5 (bench/RESULTS.md, "tensor-core skinny GEMM"): its time is nearly flat in
 # N (t(8)/t(1) 1.03-1.2) while gemv_cuda's grows 1.5x at N = 2 and 2.5-3.2x at N = 8. Q4_K / Q5_K
 # tie at N = 2, IQ4_XS at N = 3; Q6_K measured a win at N = 8 (loss at 4); Q8_0 ties at 8 and wins at
-# 16 (above 8 gemv_cuda launches twice). On by default since session 9: the 27B's captured verify
-# block takes 13.79 vs 15.92 ms at M = 5 and 14.96 vs 20.47 ms at M = 8, and forced 80 % acceptance
-# with k = 4 decodes 1.52x plain instead of 1.29x (bench/RESULTS.md session 9, call 7). The decode
-# step (N = 1) never routes here. TIGHTFIT_GEMV_MMA=0 turns it off.
+# 16 (above 8 gemv_cuda launches twice). The 27B's captured verify block takes 12.80 ms at M = 5
+# with it (session 10) vs 15.92 without (session 9), and forced 80 % acceptance with k = 4 decodes
+# 1.79x plain. OFF by default since session 10 (TIGHTFIT_GEMV_MMA=1 turns it on): with it, two
+# batched prefills of one prompt on the seed-mix 27B differ by 12 % (relative L2 of the logits) and
+# plain greedy decoding is not repeatable (bench/spec_exact.py, bench/spec.py "first diff", RESULTS
+# session 10); without it both are bitwise repeatable. Its split tiles are summed with atomics
+# (~1e-7 run to run); a 1e-6 perturbation grows only to ~1e-5 over 12 layers of that model (CPU), so
+# that alone does not explain 12 %: the cause is open (bench/NOTES.md session 10). The decode step
+# (N = 1) never routes here.
 MMA_MIN_N = {12: 3, 13: 3, 23: 4, 14: 8, 8: 9}
 # Q6_K on the cp.async-pipelined kernel (gemv_mma_pipe, its default since session 10): at N = 5
 # 52.0 / 55.9 / 501 us vs gemv_cuda's 56.8 / 61.3 / 693 on 5120->17408 / 17408->5120 / the output
@@ -188,7 +193,7 @@ def mma_min_n(qtype: int) -> int | None:
 
 
 def _mma_on() -> bool:
-    return os.environ.get("TIGHTFIT_GEMV_MMA", "1").strip() not in ("0", "off", "false", "no")
+    return os.environ.get("TIGHTFIT_GEMV_MMA", "0").strip() not in ("", "0", "off", "false", "no")
 
 
 def mma_routed(qtype: int, n: int, w: torch.Tensor) -> bool:
