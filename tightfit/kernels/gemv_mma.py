@@ -236,7 +236,8 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
     """out[N, n_out] (fp32) = x . W^T, x given as a layout-0 QuantAct (quantize_act).
     config: {"fill": 0|1} (env TIGHTFIT_MMA_FILL; default 1): grid over every resident slot
     (geometry()); {"pipe": 0|1, "nst": 2|3} (or env TIGHTFIT_MMA_PIPE / TIGHTFIT_MMA_NST): the
-    pipelined kernel at N <= 8 for PIPE_TYPES; {"ctas_per_sm": n} sizes the stream-K grid for n resident CTAs per SM (default 2);
+    pipelined kernel at N <= 8 for PIPE_TYPES; {"ctas_per_sm": n} sizes the stream-K grid for n
+    resident CTAs per SM (default 2);
     {"rt": 1|2} (or env TIGHTFIT_MMA_RT): 16-row tiles per warp at N <= 8 (default 2: each x
     fragment and column scale serves 32 rows; N > 8 chunks always run 1)."""
     qtype = check_type("MMA GEMV", qtype, supported)
