@@ -35,6 +35,10 @@ Other uses:
 On CUDA the engine uses the GPU executor (GPUModel) and `make_verifier` picks the BlockVerifier
 (one forward_block per round over the k+1 positions, commit of the accepted prefix, nothing
 re-run); `--verifier step` gives the sequential one-token verifier for comparison.
+Every run reuses one state (reset in between), as a Session keeps its state, so the graphs captured
+on it in the warm-up serve the timed runs (--fresh-state: a new state per run, captures inside the
+timing). Rows whose tokens should equal plain decoding print where they first differ; the plain loop
+also runs twice ("plain run twice": run-to-run repeatability).
 Prints a table last; JSON lines go to --out/spec.jsonl when --out is given.
 """
 from __future__ import annotations
