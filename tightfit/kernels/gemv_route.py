@@ -199,8 +199,10 @@ def _mma_on() -> bool:
 def mma_routed(qtype: int, n: int, w: torch.Tensor) -> bool:
     """Whether an N-column product of `qtype` weights runs on gemv_mma: switch on, a measured
     crossover reached, weights 16-byte aligned on a CUDA device with cupy."""
+    if not _mma_on():
+        return False
     m = mma_min_n(qtype)
-    if not _mma_on() or m is None or n < m or not w.is_cuda or w.data_ptr() % 16:
+    if m is None or n < m or not w.is_cuda or w.data_ptr() % 16:
         return False
     from tightfit.kernels import gemv_mma
     return gemv_mma.available() and gemv_mma.supported(int(qtype))
@@ -235,7 +237,7 @@ def gemv_cuda_direct(x: torch.Tensor, w: torch.Tensor, qtype: int, n_out: int):
     return gemv_cuda(qa, w, int(qtype), int(n_out), out)
 
 
-__all__ = ["SMALL_TYPES", "CUDA_LAYOUT", "cuda_routed", "mma_routed", "MMA_MIN_N", "mma_min_n", "is_cuda",
-           "producer_writable", "gemv_cuda_direct",
+__all__ = ["SMALL_TYPES", "CUDA_LAYOUT", "cuda_routed", "mma_routed", "MMA_MIN_N", "mma_min_n",
+           "is_cuda", "producer_writable", "gemv_cuda_direct",
            "act_layout", "is_small", "act_buffers", "make_act", "new_act",
            "quantize_into", "split_floats", "split_bound", "gemv_act"]
