@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from spec import build_model  # noqa: E402
+from spec import build_model, load  # noqa: E402
 
 
 def ref_rows(raw: torch.Tensor, qtype: int, n_out: int, n_in: int, rows: np.ndarray) -> np.ndarray:
@@ -42,10 +42,9 @@ def main() -> int:
     ap.add_argument("--variants", action="store_true", help="also a copy of the weights")
     a = ap.parse_args()
     path = build_model(argparse.Namespace(model=None, seedmix=True, path=a.path, mtp=False, layers=None))
-    from tightfit.runtime.loader import load_engine
     from tightfit.kernels import gemv_cuda as gc, gemv_mma as gmm
     from tightfit.kernels.quantize_act import quantize_act
-    engine = load_engine(path, device="cuda", n_ctx=a.n_ctx)
+    engine = load(path, "cuda", a.n_ctx)
     m = engine.model
     names = [n for n in m.lin if any(n.startswith(f"blk.{i}.") for i in a.layers.split(","))]
     names += ["output.weight"]

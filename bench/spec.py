@@ -115,6 +115,21 @@ def first_diff(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def load(path: str, device: str, n_ctx: int, gpu_executor: bool = True):
+    """The engine of `path` on `device`; on the CPU with gpu_executor the GPU executor's torch
+    fallbacks (GPUModel without Triton: the verify block's code path, as a smoke test)."""
+    if device == "cpu" and gpu_executor:
+        from tightfit.api import open_model
+        from tightfit.model.executor import GPUModel
+        from tightfit.runtime.engine import Engine
+        from tightfit.tokenizer import from_gguf
+        mf = open_model(path)
+        return Engine(mf, GPUModel.from_model_file(mf, device="cpu", n_ctx=n_ctx, use_triton=False),
+                      from_gguf(mf.gguf.metadata), n_ctx=n_ctx)
+    from tightfit.runtime.loader import load_engine
+    return load_engine(path, device=device, n_ctx=n_ctx)
+
+
 def build_model(a) -> str:
     from tightfit.model.generate import make_model
     if a.model:
@@ -187,18 +202,8 @@ def main() -> int:
     torch.manual_seed(0)
     t_start = time.time()
 
-    from tightfit.runtime.loader import load_engine
     path = build_model(a)
-    if a.device == "cpu" and a.gpu_executor:     # the GPU executor's torch fallbacks (smoke test)
-        from tightfit.api import open_model
-        from tightfit.model.executor import GPUModel
-        from tightfit.runtime.engine import Engine
-        from tightfit.tokenizer import from_gguf
-        mf = open_model(path)
-        engine = Engine(mf, GPUModel.from_model_file(mf, device="cpu", n_ctx=a.n_ctx, use_triton=False),
-                        from_gguf(mf.gguf.metadata), n_ctx=a.n_ctx)
-    else:
-        engine = load_engine(path, device=a.device, n_ctx=a.n_ctx)
+    engine = load(path, a.device, a.n_ctx, gpu_executor=a.gpu_executor)
     dev = a.device
     print(f"model {path} device {dev} executor {type(engine.model).__name__} "
           f"(load+generate {time.time() - t_start:.1f}s)", flush=True)

@@ -243,9 +243,10 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
     qtype = check_type("MMA GEMV", qtype, supported)
     n, k, q, d, s16 = layout0("MMA GEMV", act)
     dev = w_raw.device
+    pipe = _pipe_choice(qtype, config)
+    fill = bool(int((config or {}).get("fill", os.environ.get("TIGHTFIT_MMA_FILL", "1"))))
     gkey = (qtype, n, k, int(n_out), dev.index,
-            None if config is None else tuple(sorted(config.items())), _pipe_choice(qtype, config),
-            os.environ.get("TIGHTFIT_MMA_FILL", "1"))
+            None if config is None else tuple(sorted(config.items())), pipe, fill)
     g = _geom.get(gkey)
     if g is None:
         rb = check_shape("MMA GEMV", qtype, act, dev)
@@ -258,8 +259,6 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
         rt = int((config or {}).get("rt", 0)) or int(os.environ.get("TIGHTFIT_MMA_RT", DEFAULT_RT))
         if rt not in RTS:
             raise ValueError(f"MMA GEMV: rt {rt} not in {RTS}")
-        pipe = _pipe_choice(qtype, config)
-        fill = bool(int((config or {}).get("fill", os.environ.get("TIGHTFIT_MMA_FILL", "1"))))
         mods = _module(qtype, dev.index)
         launches = []
         for c0, nc in _chunks(n):
