@@ -239,6 +239,13 @@ TQ_SIMD = _K.HAVE_AVX2 and os.environ.get("TIGHTFIT_CPU_SIMD", "1") != "0"
 SIMD_MAX_BATCH_K = 3
 
 
+def _simd_batch(qtype: int, B: int) -> bool:
+    """Whether the SIMD block kernel runs a B-row batch of `qtype`: the AVX-512 one at every B
+    (it decodes each block once for up to cpu_gemv_avx512.COLS rows: 4 rows cost ~2.2x one in
+    cache, single thread), the AVX2 one for IQ4_XS or up to SIMD_MAX_BATCH_K rows."""
+    return _A.ENABLED or qtype == IQ4_XS or B <= SIMD_MAX_BATCH_K
+
+
 #: per-thread scratch rows start on their own 128-byte boundary (two 64-byte lines: the adjacent-
 #: line prefetcher pairs them). The kernels read and write their thread's row at every 256-element
 #: block; rows packed back to back put 16 threads' accumulators (4 bytes each at B = 1) in ONE
@@ -428,7 +435,7 @@ class Group:
         if idx is None:
             idx = self._idx[key] = tuple(
                 i for i, qt in enumerate(self.qtypes) if self.ws[i].shape[0]
-                and qt in SIMD and (qt == IQ4_XS or B <= SIMD_MAX_BATCH_K))
+                and qt in SIMD and _simd_batch(qt, B))
         return idx
 
     def _of_types(self, key: str, types) -> tuple[int, ...]:
@@ -563,7 +570,7 @@ def _run(qtype: int, w: np.ndarray, x2: np.ndarray, y2: np.ndarray, s: _Scratch)
             kern = _T.gemv_tq_simd if TQ_SIMD else _T.gemv_tq
             kern(qtype, w, s.xq, s.xd, s.xb, y2, _F16)
             return
-        if qtype in SIMD and (qtype == IQ4_XS or x2.shape[0] <= SIMD_MAX_BATCH_K):
+        if qtype in SIMD and _simd_batch(qtype, x2.shape[0]):
             _SIMD_ONE(qtype, w, s.xq, s.xd, s.xs, y2, _F16, s.ssc)
             return
         if qtype in _K.IQ_TYPES:

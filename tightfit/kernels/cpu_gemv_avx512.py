@@ -177,13 +177,26 @@ def _block_vec(kind, ops, builder, pw, px, ps):
     """The 256-element block at byte pointer pw against xq at px (int8*) and xs at ps (int32*):
     <16 x i32> lanes summing to the block's integer (IQ4_XS; Q6_K with its -32 offset applied),
     or (code lanes, min lanes) for Q4_K/Q5_K (isum and msum of cpu_gemv_kern._simd_block)."""
-    def x64(c):                              # xq[64c : 64c + 64]
-        return _load(builder, px, 64 * c, _V64B)
+    return _block_cols(kind, ops, builder, pw, [px], [ps])[0]
 
-    def xsums():                             # xs[0:16] (|v| <= 16 * 127 = 2032)
-        return _load(builder, ps, 0, _V16D, _I32)
 
-    accs = [ops.zero, ops.zero]              # two chains: chunk c adds into accs[c % 2]
+def _block_cols(kind, ops, builder, pw, pxs, pss):
+    """_block_vec for several activation rows at once (pxs[j], pss[j]: column j's xq and xs
+    pointers): the block's codes and scales are decoded ONCE and multiplied into every column, so
+    a C-column call costs the decode plus C x (load, dot, scale) per 64 elements instead of C
+    whole passes (the speculative verify block, issue 10: M = k + 1 columns per host row). Each
+    column's lanes hold exactly the integers a one-column call gives (integer arithmetic: the
+    grouping of the columns cannot change them). Returns one entry per column, as _block_vec."""
+    ncol = len(pxs)
+
+    def x64(j, c):                           # column j's xq[64c : 64c + 64]
+        return _load(builder, pxs[j], 64 * c, _V64B)
+
+    def xsums(j):                            # column j's xs[0:16] (|v| <= 16 * 127 = 2032)
+        return _load(builder, pss[j], 0, _V16D, _I32)
+
+    # two chains per column: chunk c adds into accs[j][c % 2]
+    accs = [[ops.zero, ops.zero] for _ in range(ncol)]
     if kind == IQ4_XS:
         # scales: ls_j = ((sl[j/2] >> 4(j%2)) & 15) | ((sh >> 2j) & 3) << 4, minus 32
         b8 = _load(builder, pw, 0, _vt(_I8, 8))
@@ -206,12 +219,13 @@ def _block_vec(kind, ops, builder, pw, px, ps):
             qq = builder.shuffle_vector(q, q, _const(_I32, list(range(32)) * 2))
             idx = builder.and_(ops.q_shift(qq, [0] * 4 + [4] * 4), _splat(_I8, 15, 64))
             neg = builder.icmp_unsigned("<", idx, _splat(_I8, 8, 64))   # codebook value < 0
-            x = x64(c)
-            x = builder.select(neg, builder.sub(zero_b, x), x)
-            pairs = ops.maddubs(ops.pshufb(tbl, idx), x)
+            mags = ops.pshufb(tbl, idx)
             scl = builder.shuffle_vector(sc8, sc8, _const(_I32, ([2 * c] * 8 + [2 * c + 1] * 8) * 2))
-            accs[c % 2] = ops.dpwssd(accs[c % 2], pairs, scl)
-        return builder.add(accs[0], accs[1])
+            for j in range(ncol):
+                x = x64(j, c)
+                x = builder.select(neg, builder.sub(zero_b, x), x)
+                accs[j][c % 2] = ops.dpwssd(accs[j][c % 2], ops.maddubs(mags, x), scl)
+        return [builder.add(a[0], a[1]) for a in accs]
     if kind == Q6_K:
         scb = _load(builder, pw, 192, _vt(_I8, 16))
         sc32 = builder.zext(builder.sext(scb, _vt(_I16, 16)), _V16D)   # scale in the low half
@@ -228,13 +242,15 @@ def _block_vec(kind, ops, builder, pw, px, ps):
                 hi = ops.q_shift(hh, [4] * 4 + [2] * 4, left=True) if p == 0 else \
                     ops.q_shift(hh, [0] * 4 + [2] * 4)
                 codes = builder.or_(low, builder.and_(hi, m30))
-                t = ops.dpbusd(ops.zero, codes, x64(c))
-                accs[p] = ops.dpwssd(accs[p], t, ops.lanes(sc32, [4 * c + i // 4
-                                                                  for i in range(16)]))
+                scl = ops.lanes(sc32, [4 * c + i // 4 for i in range(16)])
+                for j in range(ncol):
+                    t = ops.dpbusd(ops.zero, codes, x64(j, c))
+                    accs[j][p] = ops.dpwssd(accs[j][p], t, scl)
         # - 32 * sum_s sc[s] * xs[s]: -32 sc fits int16 (|.| <= 4096)
         nsc = builder.and_(builder.mul(builder.sext(scb, _V16D), _splat(_I32, -32, 16)),
                            _splat(_I32, 0xFFFF, 16))
-        return ops.dpwssd(builder.add(accs[0], accs[1]), xsums(), nsc)
+        return [ops.dpwssd(builder.add(accs[j][0], accs[j][1]), xsums(j), nsc)
+                for j in range(ncol)]
     # Q4_K / Q5_K
     scm = _k4_scales(ops, builder, pw)
     qs = 16 if kind == Q4_K else 48
@@ -251,10 +267,48 @@ def _block_vec(kind, ops, builder, pw, px, ps):
             set_ = builder.icmp_unsigned("!=", builder.and_(qh, bit), _splat(_I8, 0, 64))
             codes = builder.or_(codes, builder.select(set_, _splat(_I8, 16, 64),
                                                       _splat(_I8, 0, 64)))
-        t = ops.dpbusd(ops.zero, codes, x64(c))
-        accs[c % 2] = ops.dpwssd(accs[c % 2], t, ops.lanes(scm, [2 * c] * 8 + [2 * c + 1] * 8))
-    mins = ops.dpwssd(ops.zero, xsums(), ops.lanes(scm, [8 + i // 2 for i in range(16)]))
-    return builder.add(accs[0], accs[1]), mins
+        scl = ops.lanes(scm, [2 * c] * 8 + [2 * c + 1] * 8)
+        for j in range(ncol):
+            t = ops.dpbusd(ops.zero, codes, x64(j, c))
+            accs[j][c % 2] = ops.dpwssd(accs[j][c % 2], t, scl)
+    mlanes = ops.lanes(scm, [8 + i // 2 for i in range(16)])
+    return [(builder.add(accs[j][0], accs[j][1]), ops.dpwssd(ops.zero, xsums(j), mlanes))
+            for j in range(ncol)]
+
+
+def _reduce_many(builder, vs):
+    """The lane sums of len(vs) (a power of two, >= 2) <16 x i32> vectors, with one shared
+    shuffle/add tree: each level halves the lanes per vector and pairs up vectors, so 4 vectors
+    take 15 shuffle/add instructions instead of 4 x 8 (the one-column _reduce2 is this tree at 2).
+    Integer adds: the sums are exactly those of separate reductions."""
+    n = len(vs)
+    level = list(vs)           # entries: vectors whose lanes each hold partial sums of one v
+    per = 16                   # lanes per original vector inside an entry
+    while len(level) > 1:      # pair entries: (a, b) -> a's lane halves added, then b's
+        half = per // 2
+        nxt = []
+        for i in range(0, len(level), 2):
+            a, b = level[i], level[i + 1]
+            lo, hi = [], []
+            for g in range(16 // per):                 # groups of `per` lanes in a (and b)
+                lo += list(range(g * per, g * per + half))
+                hi += list(range(g * per + half, g * per + per))
+            lo2 = lo + [16 + k for k in lo]
+            hi2 = hi + [16 + k for k in hi]
+            nxt.append(builder.add(builder.shuffle_vector(a, b, _const(_I32, lo2)),
+                                   builder.shuffle_vector(a, b, _const(_I32, hi2))))
+        level, per = nxt, half
+    v = level[0]               # n groups of `per` lanes, group g = original vector g
+    while per > 1:
+        half = per // 2
+        lo = [g * per + k for g in range(n) for k in range(half)]
+        hi = [g * per + half + k for g in range(n) for k in range(half)]
+        w = len(lo)
+        v = builder.add(builder.shuffle_vector(v, v, _const(_I32, lo)),
+                        builder.shuffle_vector(v, v, _const(_I32, hi)))
+        per = half
+        assert w == n * per
+    return [builder.extract_element(v, _ir.Constant(_I32, g)) for g in range(n)]
 
 
 def _codegen(kind):
@@ -283,6 +337,46 @@ def _make(kind):
         return ret(blk, xq, xoff, xs, soff), _codegen(kind)
     return block_dot
 
+
+#: activation rows per multi-column block call (the verify block's M = k + 1 columns go through
+#: in groups of COLS; a short last group repeats its last row and drops those results)
+COLS = 4
+
+
+def _codegen_cols(kind):
+    """codegen of (blk uint8[ts], xq int8[B, K], xoff0..3 int64, xs int32[B, K/16], soff0..3 int64)
+    -> COLS int32 (IQ4_XS, Q6_K) or 2 * COLS int32 (Q4_K/Q5_K: isum, msum per column): the block
+    against four activation rows (flat element offsets into xq / xs), decoded once."""
+    def codegen(context, builder, sig, args):
+        blk, xq = args[0], args[1]
+        xoffs = args[2:2 + COLS]
+        xs = args[2 + COLS]
+        soffs = args[3 + COLS:3 + 2 * COLS]
+        ops = _Ops(builder)
+        pw = _data(context, builder, sig.args[0], blk)
+        bx = _data(context, builder, sig.args[1], xq)
+        bs = _data(context, builder, sig.args[2 + COLS], xs)
+        pxs = [builder.gep(bx, [o], source_etype=_I8) for o in xoffs]
+        pss = [builder.gep(bs, [o], source_etype=_I32) for o in soffs]
+        res = _block_cols(kind, ops, builder, pw, pxs, pss)
+        vecs = [v for pair in res for v in pair] if kind in (Q4_K, Q5_K) else res
+        return context.make_tuple(builder, sig.return_type, _reduce_many(builder, vecs))
+    return codegen
+
+
+def _make_cols(kind):
+    ret = _nt.UniTuple(_nt.int32, 2 * COLS if kind in (Q4_K, Q5_K) else COLS)
+
+    @_intrinsic
+    def block_dot_cols(tyctx, blk, xq, xo0, xo1, xo2, xo3, xs, so0, so1, so2, so3):
+        return ret(blk, xq, xo0, xo1, xo2, xo3, xs, so0, so1, so2, so3), _codegen_cols(kind)
+    return block_dot_cols
+
+
+_bdc_iq4_xs = _make_cols(IQ4_XS)
+_bdc_q4_k = _make_cols(Q4_K)
+_bdc_q5_k = _make_cols(Q5_K)
+_bdc_q6_k = _make_cols(Q6_K)
 
 _bd_iq4_xs = _make(IQ4_XS)
 _bd_q4_k = _make(Q4_K)
@@ -440,26 +534,91 @@ def _row(qt, wr, ts, nb, xb, sb, xdb, tab, pf):
     return acc
 
 
+@njit(inline="always")
+def _row_cols(qt, wr, ts, nb, xq, xs, xd, j0, j1, j2, j3, tab, pf):
+    """_row for activation rows j0..j3 of xq / xs / xd (C-contiguous; xq permuted for IQ4_XS) in
+    one pass over the row: each block decoded once (_block_cols). Each column's running sum is
+    _row's, operation for operation, so every output is bit-identical to a one-column call."""
+    K = np.int64(xq.shape[1])
+    K16 = np.int64(xs.shape[1])
+    a0 = np.float32(0.0)
+    a1 = np.float32(0.0)
+    a2 = np.float32(0.0)
+    a3 = np.float32(0.0)
+    for ib in range(nb):
+        _pf_block(wr, ib * ts, ts, pf)
+        blk = wr[ib * ts:ib * ts + ts]
+        xo = np.int64(256 * ib)
+        so = np.int64(16 * ib)
+        x0, x1, x2, x3 = j0 * K + xo, j1 * K + xo, j2 * K + xo, j3 * K + xo
+        s0, s1, s2, s3 = j0 * K16 + so, j1 * K16 + so, j2 * K16 + so, j3 * K16 + so
+        if qt == IQ4_XS or qt == Q6_K:
+            if qt == IQ4_XS:
+                i0, i1, i2, i3 = _bdc_iq4_xs(blk, xq, x0, x1, x2, x3, xs, s0, s1, s2, s3)
+                f = _f16(blk, 0, tab)
+            else:
+                i0, i1, i2, i3 = _bdc_q6_k(blk, xq, x0, x1, x2, x3, xs, s0, s1, s2, s3)
+                f = _f16(blk, 208, tab)
+            a0 = _fma(f * xd[j0, ib], np.float32(i0), a0)
+            a1 = _fma(f * xd[j1, ib], np.float32(i1), a1)
+            a2 = _fma(f * xd[j2, ib], np.float32(i2), a2)
+            a3 = _fma(f * xd[j3, ib], np.float32(i3), a3)
+        else:
+            if qt == Q4_K:
+                i0, m0, i1, m1, i2, m2, i3, m3 = _bdc_q4_k(blk, xq, x0, x1, x2, x3, xs,
+                                                           s0, s1, s2, s3)
+            else:
+                i0, m0, i1, m1, i2, m2, i3, m3 = _bdc_q5_k(blk, xq, x0, x1, x2, x3, xs,
+                                                           s0, s1, s2, s3)
+            d = _f16(blk, 0, tab)
+            dm = _f16(blk, 2, tab)
+            a0 = _fma(xd[j0, ib], _fma(d, np.float32(i0), -(dm * np.float32(m0))), a0)
+            a1 = _fma(xd[j1, ib], _fma(d, np.float32(i1), -(dm * np.float32(m1))), a1)
+            a2 = _fma(xd[j2, ib], _fma(d, np.float32(i2), -(dm * np.float32(m2))), a2)
+            a3 = _fma(xd[j3, ib], _fma(d, np.float32(i3), -(dm * np.float32(m3))), a3)
+    return a0, a1, a2, a3
+
+
+@njit(inline="always")
+def _row_all(qt, wr, ts, nb, xq, xs, xd, y, yc, tab, pf):
+    """y[b, yc] = row wr times activation row b, for every b: in groups of COLS through _row_cols
+    (a short last group repeats its last row), a last single row through _row. The row's bytes
+    stay in L1 between the groups: memory traffic is one pass whatever B."""
+    B = xq.shape[0]
+    for b0 in range(0, B, COLS):
+        last = min(b0 + COLS, B) - 1
+        if last == b0:          # one row left: a padded group would decode for nothing
+            y[b0, yc] = _row(qt, wr, ts, nb, xq[b0], xs[b0], xd[b0], tab, pf)
+            continue
+        r0, r1, r2, r3 = _row_cols(qt, wr, ts, nb, xq, xs, xd, np.int64(b0),
+                                   np.int64(min(b0 + 1, last)), np.int64(min(b0 + 2, last)),
+                                   np.int64(min(b0 + 3, last)), tab, pf)
+        y[b0, yc] = r0
+        if b0 + 1 <= last:
+            y[b0 + 1, yc] = r1
+        if b0 + 2 <= last:
+            y[b0 + 2, yc] = r2
+        if b0 + 3 <= last:
+            y[b0 + 3, yc] = r3
+
+
 @njit(parallel=True, cache=True)
 def gemv_avx512(qt, w, xq, xd, xs, y, tab, ssc, pf=PF_ARG):
     """cpu_gemv_kern.gemv_simd on AVX-512 VNNI: same signature, same result bit for bit
-    (ssc is unused: the scales never leave the vector registers); pf: prefetch_arg()."""
+    (ssc is unused: the scales never leave the vector registers); pf: prefetch_arg(). Two or more
+    activation rows go through _row_cols, COLS per pass over each weight row."""
     M = w.shape[0]
-    B = xq.shape[0]
     nb = xq.shape[1] // 256
     ts = w.shape[1] // nb
     xp = permute_x(xq, np.empty(xq.shape, np.int8)) if qt == IQ4_XS else xq
     for r in prange(M):
-        wr = w[r]
-        for b in range(B):
-            y[b, r] = _row(qt, wr, ts, nb, xp[b], xs[b], xd[b], tab, pf)
+        _row_all(qt, w[r], ts, nb, xp, xs, xd, y, r, tab, pf)
 
 
 @njit(parallel=True, cache=True)
 def gemv_avx512_group(ws, qts, ycol, cm, cr0, cr1, xq, xd, xs, y, tab, ssc, pf=PF_ARG):
     """cpu_gemv_kern.gemv_simd_group on AVX-512 VNNI: same signature, same result bit for bit
     (pf: prefetch_arg())."""
-    B = xq.shape[0]
     nb = xq.shape[1] // 256
     xp = permute_x(xq, np.empty(xq.shape, np.int8))
     for c in prange(cm.shape[0]):
@@ -468,8 +627,6 @@ def gemv_avx512_group(ws, qts, ycol, cm, cr0, cr1, xq, xd, xs, y, tab, ssc, pf=P
         qt = qts[m]
         col = ycol[m]
         ts = w.shape[1] // nb
+        xx = xp if qt == IQ4_XS else xq
         for r in range(cr0[c], cr1[c]):
-            wr = w[r]
-            for b in range(B):
-                y[b, col + r] = _row(qt, wr, ts, nb, xp[b] if qt == IQ4_XS else xq[b], xs[b],
-                                     xd[b], tab, pf)
+            _row_all(qt, w[r], ts, nb, xx, xs, xd, y, col + r, tab, pf)
