@@ -115,9 +115,10 @@ def first_diff(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def load(path: str, device: str, n_ctx: int, gpu_executor: bool = True):
+def load(path: str, device: str, n_ctx: int, gpu_executor: bool = True, vram: str | None = None):
     """The engine of `path` on `device`; on the CPU with gpu_executor the GPU executor's torch
-    fallbacks (GPUModel without Triton: the verify block's code path, as a smoke test)."""
+    fallbacks (GPUModel without Triton: the verify block's code path, as a smoke test). vram (e.g.
+    '8GiB'): placed under that budget, the rest of the rows on the host (issue 5's split)."""
     if device == "cpu" and gpu_executor:
         from tightfit.api import open_model
         from tightfit.model.executor import GPUModel
@@ -127,6 +128,8 @@ def load(path: str, device: str, n_ctx: int, gpu_executor: bool = True):
         return Engine(mf, GPUModel.from_model_file(mf, device="cpu", n_ctx=n_ctx, use_triton=False),
                       from_gguf(mf.gguf.metadata), n_ctx=n_ctx)
     from tightfit.runtime.loader import load_engine
+    if vram:
+        return load_engine(path, device=device, n_ctx=n_ctx, vram=vram)
     return load_engine(path, device=device, n_ctx=n_ctx)
 
 
@@ -181,6 +184,7 @@ def main() -> int:
     ap.add_argument("--qtype", default="Q8_0")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument("--vram", default=None, help="place under this budget (e.g. 8GiB): host rows")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--fresh-state", action="store_true",
                     help="a new state per run (graph captures inside the timing) instead of one "
@@ -203,7 +207,7 @@ def main() -> int:
     t_start = time.time()
 
     path = build_model(a)
-    engine = load(path, a.device, a.n_ctx, gpu_executor=a.gpu_executor)
+    engine = load(path, a.device, a.n_ctx, gpu_executor=a.gpu_executor, vram=a.vram)
     dev = a.device
     print(f"model {path} device {dev} executor {type(engine.model).__name__} "
           f"(load+generate {time.time() - t_start:.1f}s)", flush=True)
