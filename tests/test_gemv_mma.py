@@ -223,16 +223,108 @@ def test_nvcc_sm90_no_spills():
     n_pipe = len(gm.PIPE_TYPES) * len(gm.RTS) * len(gm.PIPE_NSTS)
     assert len(rows) == len(TYPES) * len(gm.KERNELS) + n_pipe, rows
     assert sum(r["kernel"] == "pipe" for r in rows) == n_pipe
-    # known exceptions at the 128-register cap of 2 CTAs/SM: Q6_K with two B tiles or two row
-    # tiles (NT * RT = 2) spills <= 48 bytes (16 groups per block); the pipelined kernel at two row
-    # tiles spills <= 64 bytes, Q6_K's ~340 (measured faster all the same: the Q6_K default); the
-    # rest is clean
+    # known exceptions at the 128-register cap of 2 CTAs/SM: the pipelined kernel at two row
+    # tiles spills <= 64 bytes, Q6_K's more (measured faster all the same: the Q6_K default).
+    # Since the deterministic fixup (tf_mma_finish), NT * RT = 2 of the K-quants spills a few
+    # words per tile group around the flush (cuobjdump: Q4_K / Q5_K none inside the step loop),
+    # Q6_K (16 groups per block) up to ~130 bytes (it was 36 with the atomics); the rest is clean
     def known(r):
+        sp = r["spill_stores"] + r["spill_loads"]
         if r["kernel"] == "pipe":
-            return r["rt"] == 2 and (r["format"] == "M_Q6_K" or
-                                     r["spill_stores"] + r["spill_loads"] <= 64)
-        return (r["format"] == "M_Q6_K" and r["nt"] * r["rt"] >= 2
-                and r["spill_stores"] + r["spill_loads"] <= 48)
+            return r["rt"] == 2 and (r["format"] == "M_Q6_K" or sp <= 64)
+        if r["nt"] * r["rt"] >= 2:
+            return sp <= (140 if r["format"] == "M_Q6_K" else 40)
+        return False
     bad = [r for r in rows if (r["spill_stores"] or r["spill_loads"]) and not known(r)]
     assert not bad, bad
     assert all(r["regs"] <= 128 for r in rows), rows     # 2 CTAs of 256 threads per SM
+
+
+# ---------------------------------------------------------------- deterministic stream-K fixup
+def _walk(items, spt, nw):
+    """Brute force of what every warp does (gemv_mma.cuh's while loop over its range): items it
+    covers, and per tile group it leaves partial, the slot it stores to (0: its first group)."""
+    cover = np.zeros(items, np.int64)
+    pieces = {}                                   # tg -> [(warp, slot)] in warp order
+    slots_of = {}                                 # warp -> [(slot, tg)]
+    for w in range(nw):
+        it, iend = items * w // nw, items * (w + 1) // nw
+        cover[it:iend] += 1
+        first = True
+        while it < iend:
+            tg, s0 = divmod(it, spt)
+            s1 = min(spt, s0 + (iend - it))
+            if not (s0 == 0 and s1 == spt):
+                slot = 0 if first else 1
+                pieces.setdefault(tg, []).append((w, slot))
+                slots_of.setdefault(w, []).append((slot, tg))
+            first = False
+            it += s1 - s0
+    return cover, pieces, slots_of
+
+
+def _check_fixup(items, spt, nw, host=False):
+    cover, pieces, slots_of = _walk(items, spt, nw)
+    assert (cover == 1).all()                     # every item exactly once
+    plan = gm.fixup_plan(items, spt, nw)
+    assert plan == pieces                         # the reducer reads exactly the written slots
+    for tg, p in plan.items():
+        assert len(p) >= 2
+        assert [w for w, _ in p] == sorted({w for w, _ in p})       # ascending, distinct
+        assert all(s == 0 for _, s in p[1:])      # only the first piece can be a slot-1 one
+    for w, used in slots_of.items():
+        assert len(used) <= 2 and all(s in (0, 1) for s, _ in used)
+        assert len({s for s, _ in used}) == len(used)              # never one slot for two groups
+    for tg in range(items // spt):                # a group outside the plan has a single owner
+        if tg not in plan:
+            assert len(gm.fixup_pieces(items, spt, nw, tg)) == 1
+    if host:                                      # the header's own integer code agrees
+        for tg in list(plan)[:8] + list(range(min(4, items // spt))):
+            assert gm.host_fixup_pieces(items, spt, nw, tg) == gm.fixup_pieces(items, spt, nw, tg)
+
+
+def test_fixup_slot_floats_mirror_header():
+    assert gm.SLOT_FLOATS == gm.host_slot_floats()
+    # the largest accumulator of any instantiation: NT * RT * 4 floats per lane
+    largest = max(4 * nt * rt for nt, rt in gm.KERNELS)
+    assert gm.SLOT_FLOATS >= max(largest, 4 * max(gm.RTS))
+
+
+def test_fixup_workspace_bytes():
+    """Counters: one int32 per 16-row tile (the output head: 248320 rows -> 15520) padded to the
+    slot alignment; slots: 2 per warp of 132 SMs x 8 CTAs x 8 warps, 32 lanes x SLOT_FLOATS."""
+    assert gm.fixup_workspace_bytes(248320, 132) == 62208 + 132 * 8 * 8 * 2 * 32 * 8 * 4
+    assert gm.fixup_workspace_bytes(16, 1, 1) == 256 + 8 * 2 * 32 * 8 * 4
+    assert gm.fixup_workspace_bytes(17, 132, 2) < gm.fixup_workspace_bytes(17, 132)
+
+
+@pytest.mark.parametrize("t", TYPES, ids=NAMES.get)
+def test_fixup_real_grids(t):
+    """The split of the model's shapes on the H200's grid (geometry), every kernel variant."""
+    for n_in, n_out in [(5120, 17408), (17408, 5120), (5120, 1024), (5120, 48), (6144, 10240),
+                        (5120, 40000)]:
+        for nt, rt in list(gm.KERNELS) + [(1, 2)]:
+            for cps in (1, 2, 8):
+                ctas, split = gm.geometry(t, n_in, n_out, 132, cps, nt, rt)
+                u, qk = gm.step_blocks(t, nt, rt), traits(t).block_size
+                spt = -(-(n_in // qk) // u)
+                items = -(-n_out // (16 * rt)) * spt
+                plan = gm.fixup_plan(items, spt, ctas * 8)
+                assert split == bool(plan)
+                if items <= 300_000:
+                    _check_fixup(items, spt, ctas * 8, host=(cps == 2))
+
+
+try:
+    from hypothesis import given, settings, strategies as st
+except ImportError:     # pragma: no cover
+    given = None
+
+if given is not None:
+    @settings(deadline=None, max_examples=150)
+    @given(groups=st.integers(1, 400), spt=st.integers(1, 160), nw=st.integers(1, 3000))
+    def test_fixup_plan_properties(groups, spt, nw):
+        """Any (items, nw): every item covered once, each split group's pieces in ascending warp
+        order with P >= 2, each warp using slot 0 / 1 at most once each; the g++-compiled header
+        computes the same pieces."""
+        _check_fixup(groups * spt, spt, nw, host=True)

@@ -9,9 +9,17 @@ pointers, nothing allocated per call (CUDA-graph capturable after one warm-up ca
 `prepare()`).
 
 Work split: stream-K over (row-tile group, step of U blocks) items, one wave of resident warps
-with equal item ranges (`geometry`); a warp whose range cuts a tile atomically adds its partial
-sums, so such launches zero `out` first (a memset on the same stream; fp32 summation order then
-varies run to run at the 1e-7 level).
+with equal item ranges (`geometry`). A tile group cut between warps is summed deterministically
+("fixup by the last arriving warp"): each contributing warp stores its partial fragment to its
+slot of a persistent per-device workspace and counts its arrival; the last one to arrive sums the
+slots in ascending warp order and stores y plainly. So results are bitwise repeatable run to run
+and under CUDA-graph replay, and `out` needs no zeroing (the old atomicAdd into a zeroed y varied
+at 1e-7, which the 64-layer model amplified to ~10 % of the logits). Workspace: int32 counters
+[ceil(n_out / 16)] (zero at rest: the last warp resets its counter) + fp32 slots [warps, 2,
+SLOT_FLOATS, 32]; allocated lazily per device (`prepare` sizes it before a capture; the executor can
+hand it a planned buffer, `use_workspace`), sized by `fixup_workspace_bytes`. It is shared by all
+calls on a device, so calls must be stream-ordered (one stream, as the executor runs them).
+`fixup_plan` is the host model of the bookkeeping (tests/test_gemv_mma.py).
 
 Columns: N <= 8 runs NT = 1 (one B tile) with two row tiles per warp (DEFAULT_RT), 9..16 NT = 2
 (two B tiles sharing the decoded A fragments, one row tile), N > 16 in chunks of 16 (weights read
@@ -65,6 +73,11 @@ PIPE_NSTS = (2, 3)
 PIPE_DEFAULT_TYPES = (14,)
 DEFAULT_NST = 2
 PIPE_RT: dict[int, int] = {}        # per-type row tiles (else DEFAULT_RT)
+# fixup slot floats per lane (TF_MMA_SLOT_FLOATS): the largest accumulator over the kernels,
+# NT * RT * 4 with NT * RT <= 2 (tf_mma<M, 2>, tf_mma_rt / tf_mma_pipe at rt 2)
+SLOT_FLOATS = 8
+MAX_CTAS_PER_SM = 8                 # the ctas_per_sm bound gemv_mma accepts: slots sized for it
+CNT_ALIGN = 256                     # the slots start at this byte offset multiple
 _FMT_RE = re.compile(r"X\(\s*(M_\w+)\s*,\s*(\d+)\s*\)")
 _lock = threading.Lock()
 _modules: dict[tuple[int, int], dict[int, object]] = {}
@@ -191,10 +204,130 @@ def _sms(device: int) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-def prepare(qtype: int, device=None) -> None:
-    """Compile (or load from cupy's cache) the module of `qtype` now, outside any graph capture."""
+def prepare(qtype: int, device=None, n_out: int = 0) -> None:
+    """Compile (or load from cupy's cache) the module of `qtype` now, outside any graph capture,
+    and size the device's fixup workspace for outputs of up to `n_out` rows (a later call that
+    needs more counters must not happen inside a capture)."""
     dev = torch.device(device) if device is not None else torch.device("cuda")
-    _module(int(qtype), dev.index if dev.index is not None else torch.cuda.current_device())
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    _module(int(qtype), idx)
+    _workspace(idx, -(-int(n_out) // 16), _sms(idx) * MAX_CTAS_PER_SM * WARPS)
+
+
+# ---------------------------------------------------------------- fixup workspace
+def _ws_layout(groups: int, warps: int) -> tuple[int, int]:
+    """(byte offset of the slots, total bytes): int32 counters [groups], then (at a CNT_ALIGN
+    boundary) fp32 slots [warps][2][SLOT_FLOATS][32] (gemv_mma.cuh tf_mma_finish)."""
+    off = -(-max(1, groups) * 4 // CNT_ALIGN) * CNT_ALIGN
+    return off, off + warps * 2 * 32 * SLOT_FLOATS * 4
+
+
+def fixup_workspace_bytes(n_out_max: int, sms: int, ctas_per_sm: int = MAX_CTAS_PER_SM) -> int:
+    """Bytes of the fixup workspace for outputs of up to n_out_max rows on `sms` SMs: a counter per
+    16-row tile (rt 1 has the most tile groups) and 2 slots per warp of the largest grid (one wave
+    of sms * ctas_per_sm CTAs; gemv_mma accepts ctas_per_sm <= 8)."""
+    return _ws_layout(-(-int(n_out_max) // 16), int(sms) * int(ctas_per_sm) * WARPS)[1]
+
+
+class _Workspace:
+    def __init__(self, buf: torch.Tensor, groups: int, warps: int):
+        self.buf, self.groups, self.warps = buf, groups, warps
+        self.cnt = buf.data_ptr()
+        self.part = buf.data_ptr() + _ws_layout(groups, warps)[0]
+
+
+_ws: dict[int, _Workspace] = {}
+_ws_retired: list[torch.Tensor] = []   # replaced buffers: graphs captured on them stay valid
+
+
+def use_workspace(buf: torch.Tensor, n_out_max: int) -> None:
+    """Adopt a planned buffer (the plan's `mma_fixup` line, uint8, counter region zeroed) as its
+    device's fixup workspace, laid out for n_out_max rows; its slot capacity follows from its size.
+    A call that needs more later reallocates (outside capture)."""
+    if buf.dtype != torch.uint8 or not buf.is_cuda or not buf.is_contiguous():
+        raise ValueError("MMA GEMV: the fixup workspace must be a contiguous CUDA uint8 tensor")
+    groups = -(-int(n_out_max) // 16)
+    off, _ = _ws_layout(groups, 0)
+    warps = (buf.numel() - off) // (2 * 32 * SLOT_FLOATS * 4)
+    if warps < 1 or buf.data_ptr() % 16:
+        raise ValueError(f"MMA GEMV: fixup workspace of {buf.numel()} B too small or misaligned")
+    with _lock:
+        old = _ws.get(buf.device.index)
+        if old is not None:
+            _ws_retired.append(old.buf)
+        _ws[buf.device.index] = _Workspace(buf, groups, warps)
+
+
+def _workspace(device: int, groups: int, warps: int) -> _Workspace:
+    """The device's workspace, grown (a fresh zeroed allocation) when it has fewer than `groups`
+    counters or `warps` slot pairs. Growing inside a CUDA graph capture is refused: call
+    prepare(n_out=...) (or one eager call of the largest shape) before capturing."""
+    ws = _ws.get(device)
+    if ws is not None and ws.groups >= groups and ws.warps >= warps:
+        return ws
+    with _lock:
+        ws = _ws.get(device)
+        if ws is not None and ws.groups >= groups and ws.warps >= warps:
+            return ws
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"MMA GEMV: the fixup workspace of device {device} needs {groups} counters / "
+                f"{warps} warps' slots but holds {ws.groups if ws else 0} / {ws.warps if ws else 0}"
+                "; it cannot grow during CUDA graph capture: call gemv_mma.prepare(qtype, device, "
+                "n_out) for the largest output first")
+        g = max(groups, ws.groups if ws else 0)
+        w = max(warps, ws.warps if ws else 0, _sms(device) * MAX_CTAS_PER_SM * WARPS)
+        buf = torch.zeros(_ws_layout(g, w)[1], dtype=torch.uint8, device=torch.device("cuda", device))
+        if ws is not None:      # kernels queued on it may still run, and captured graphs use it
+            _ws_retired.append(ws.buf)
+        ws = _ws[device] = _Workspace(buf, g, w)
+    return ws
+
+
+def fixup_counters(device=None) -> torch.Tensor | None:
+    """The device's counter region (int32 view; all zero at rest), or None before the first use."""
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    ws = _ws.get(dev.index if dev.index is not None else torch.cuda.current_device())
+    return None if ws is None else ws.buf[:ws.groups * 4].view(torch.int32)
+
+
+# ---------------------------------------------------------------- fixup bookkeeping, host model
+# The same integer formulas as gemv_mma.cuh (tf_mma_start / tf_mma_owner / tf_mma_slot /
+# tf_mma_pieces / tf_mma_piece); tests/test_gemv_mma.py checks them against the header's own code
+# (g++) and against a brute-force walk of every warp's range.
+def _start(items: int, nw: int, w: int) -> int:
+    return items * w // nw
+
+
+def _owner(items: int, nw: int, i: int) -> int:
+    return ((i + 1) * nw - 1) // items
+
+
+def fixup_pieces(items: int, spt: int, nw: int, tg: int) -> list[tuple[int, int]]:
+    """(warp, slot) of every piece of tile group tg, in the reducer's (ascending warp) order, as
+    tf_mma_finish computes them (one piece: the group is covered whole, no fixup)."""
+    a = tg * spt
+    if items >= nw:
+        p = _owner(items, nw, a + spt - 1) - _owner(items, nw, a) + 1
+    else:
+        p = spt
+    wf = _owner(items, nw, a)
+    out = []
+    for k in range(p):
+        v = wf + k if items >= nw else _owner(items, nw, a + k)
+        out.append((v, (0 if _start(items, nw, v) >= a else 1) if k == 0 else 0))
+    return out
+
+
+def fixup_plan(items: int, spt: int, nw: int) -> dict[int, list[tuple[int, int]]]:
+    """{tile group: [(warp, slot), ...] in summation order} for every tile group that the split
+    of `items` = groups * spt items over nw warps cuts (P >= 2 pieces)."""
+    out = {}
+    for tg in range(items // spt):
+        p = fixup_pieces(items, spt, nw, tg)
+        if len(p) > 1:
+            out[tg] = p
+    return out
 
 
 def step_blocks(qtype: int, nt: int, rt: int = 1) -> int:
@@ -213,8 +346,8 @@ def geometry(qtype: int, n_in: int, n_out: int, sms: int, ctas_per_sm: int = 2,
     fill: every resident slot gets a warp (each SM the same share of items); without it the grid
     shrinks to ceil(items / per) warps of `per` items, which on the 27B's FFN shapes left 37 of 132
     SMs with one CTA while the others ran two (227 CTAs: ncu, session 10 call 2).
-    split: some warp's item range starts or ends inside a tile (y must be zeroed first and those
-    tiles are atomically added)."""
+    split (informational): some warp's item range starts or ends inside a tile group, i.e. the
+    launch takes the fixup path (gemv_mma.cuh tf_mma_finish) for those groups."""
     qk, u = _fmt_const(qtype, "QK"), step_blocks(qtype, nt, rt)
     spt = (n_in // qk + u - 1) // u
     items = ((n_out + 16 * rt - 1) // (16 * rt)) * spt
@@ -276,9 +409,10 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
             r = rt if (nt, rt) in KERNELS else 1
             ctas, split = geometry(qtype, k, int(n_out), _sms(dev.index), cps, nt, r, fill)
             launches.append((mods[(nt, r)], c0, nc, (ctas, 1, 1), split, 0))
-        g = (rb, any(ln[4] for ln in launches), launches)
+        # workspace needs: a counter per 16-row tile (rt 1 has the most groups), slots per warp
+        g = (rb, (-(-int(n_out) // 16), max(ln[3][0] for ln in launches) * WARPS), launches)
         _geom[gkey] = g
-    rb, zero, launches = g
+    rb, need, launches = g
     check_operands("MMA GEMV", act, w_raw, int(n_out), out, rb)
     if w_raw.data_ptr() % 16:
         raise ValueError("MMA GEMV: weights must be 16-byte aligned")
@@ -286,14 +420,14 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
     pw, pq, pd, ps, py = (w_raw.data_ptr(), q.data_ptr(), d.data_ptr(), s16.data_ptr(),
                           out.data_ptr())
     K, N_OUT = np.int32(k), np.int32(n_out)
-    if zero:        # partial tiles are atomically added (no allocation: a memset on the stream)
-        out.zero_()
-    with stream:
-        for fn, c0, nc, grid, split, sm in launches:
+    ws = _workspace(dev.index, *need)
+    pc, pp = np.uint64(ws.cnt), np.uint64(ws.part)
+    with stream:    # the chunks' launches are stream-ordered: they reuse the same counters / slots
+        for fn, c0, nc, grid, _split, sm in launches:
             fn(grid, (THREADS, 1, 1),
                (np.uint64(pw), np.uint64(pq + c0 * k), np.uint64(pd + c0 * (k // 32) * 4),
                 np.uint64(ps + c0 * (k // 16) * 4), np.uint64(py + c0 * n_out * 4), N_OUT, K,
-                np.int32(nc), np.int32(split)), shared_mem=sm)
+                np.int32(nc), pc, pp), shared_mem=sm)
     return out
 
 
@@ -331,6 +465,19 @@ extern "C" int tf_mma_host_info(int qtype, int* out) {  // QK, BB, KS, NG, U, MI
   }
   return -1;
 }
+extern "C" int tf_mma_host_slot_floats() { return TF_MMA_SLOT_FLOATS; }
+// the header's fixup bookkeeping for tile group tg: returns P, writes (warp, slot) of each piece
+extern "C" int tf_mma_host_fixup(int64_t items, int64_t nw, int spt, int tg, int64_t* warps,
+                                 int* slots, int cap) {
+  const int64_t a = (int64_t)tg * spt;
+  const int P = tf_mma_pieces(items, nw, spt, a);
+  const int64_t wf = tf_mma_owner(items, nw, a);
+  for (int k = 0; k < P && k < cap; ++k) {
+    warps[k] = tf_mma_piece(items, nw, a, wf, k);
+    slots[k] = k == 0 ? tf_mma_slot(items, nw, a, warps[k]) : 0;
+  }
+  return P;
+}
 extern "C" int tf_mma_host_pipe_smem(int qtype, int rt, int nst) {  // tf_mmp_geo::CTA_BYTES
 #define TF_GEO(M, R, S) if (rt == R && nst == S) return tf_mmp_geo<M, R, S>::CTA_BYTES;
   switch (qtype) {
@@ -359,6 +506,11 @@ def _host() -> ctypes.CDLL:
             lib.tf_mma_host_frag.restype = ctypes.c_int
             lib.tf_mma_host_info.argtypes = [ctypes.c_int, P]
             lib.tf_mma_host_info.restype = ctypes.c_int
+            lib.tf_mma_host_slot_floats.argtypes = []
+            lib.tf_mma_host_slot_floats.restype = ctypes.c_int
+            lib.tf_mma_host_fixup.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+                                              ctypes.c_int, P, P, ctypes.c_int]
+            lib.tf_mma_host_fixup.restype = ctypes.c_int
             lib.tf_mma_host_pipe_smem.argtypes = [ctypes.c_int] * 3
             lib.tf_mma_host_pipe_smem.restype = ctypes.c_int
             _host_lib[key] = lib
@@ -371,6 +523,23 @@ def host_info(qtype: int) -> dict:
         raise ValueError(f"MMA GEMV: no format for GGML type {qtype}")
     return dict(zip(("QK", "BB", "KS", "NG", "U", "MINS", "U1", "U2", "U1R2", "U2R2"),
                     (int(v) for v in out)))
+
+
+def host_slot_floats() -> int:
+    """TF_MMA_SLOT_FLOATS as the header defines it (g++, no GPU)."""
+    return int(_host().tf_mma_host_slot_floats())
+
+
+def host_fixup_pieces(items: int, spt: int, nw: int, tg: int) -> list[tuple[int, int]]:
+    """fixup_pieces computed by the header's own tf_mma_pieces / tf_mma_piece / tf_mma_slot."""
+    cap = max(1, spt)
+    w = np.zeros(cap, np.int64)
+    sl = np.zeros(cap, np.int32)
+    p = _host().tf_mma_host_fixup(int(items), int(nw), int(spt), int(tg), w.ctypes.data,
+                                  sl.ctypes.data, cap)
+    if p > cap:
+        raise RuntimeError(f"host_fixup_pieces: {p} pieces > {cap}")
+    return [(int(w[k]), int(sl[k])) for k in range(p)]
 
 
 def host_pipe_smem(qtype: int, rt: int, nst: int) -> int:
@@ -410,13 +579,14 @@ def compile_report(arch: str = "sm_90", nvcc: str | None = None) -> list[dict]:
     for t, name in sorted(_formats().items()):
         for v in KERNELS.values():
             src += (f"template __global__ void {v.format(m=name)}(const uint8_t*, "
-                    "const int8_t*, const float*, const int*, float*, int, int, int, int);\n")
+                    "const int8_t*, const float*, const int*, float*, int, int, int, int*, "
+                    "float*);\n")
         if t in PIPE_TYPES:
             for rt in RTS:
                 for nst in PIPE_NSTS:
                     src += (f"template __global__ void {PIPE_KERNEL.format(m=name, rt=rt, nst=nst)}"
                             "(const uint8_t*, const int8_t*, const float*, const int*, float*, "
-                            "int, int, int, int);\n")
+                            "int, int, int, int*, float*);\n")
     with tempfile.TemporaryDirectory() as td:
         cu = os.path.join(td, "tf_mma.cu")
         Path(cu).write_text(src)
@@ -444,4 +614,6 @@ def compile_report(arch: str = "sm_90", nvcc: str | None = None) -> list[dict]:
 
 __all__ = ["available", "supported", "gemv_mma", "prepare", "geometry", "kernel_names",
            "host_frag", "host_info", "compile_report", "source", "NTS", "RTS", "KERNELS", "step_blocks",
-           "pipe_smem", "host_pipe_smem", "pipe_default", "PIPE_TYPES", "PIPE_NSTS"]
+           "pipe_smem", "host_pipe_smem", "pipe_default", "PIPE_TYPES", "PIPE_NSTS",
+           "fixup_workspace_bytes", "fixup_plan", "fixup_pieces", "fixup_counters",
+           "use_workspace", "host_fixup_pieces", "host_slot_floats", "SLOT_FLOATS"]

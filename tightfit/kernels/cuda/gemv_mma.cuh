@@ -261,6 +261,33 @@ template <class M, int NT, int RT = 1> struct tf_mma_u {
   static constexpr int U = M::QK == 32 ? M::U / RT : ((NT == 1 && RT == 1) ? M::U : 1);
 };
 
+
+// ------------------------------------------------------------------ stream-K bookkeeping
+// Host and device (the g++ harness runs these; gemv_mma.fixup_plan mirrors them in Python).
+// Items = (tile group, step); warp w of nw takes items [tf_mma_start(w), tf_mma_start(w + 1)).
+#define TF_MMA_SLOT_FLOATS 8      // fixup slot floats per lane: max NT * RT * 4 over the kernels
+TF_DEV int64_t tf_mma_start(int64_t items, int64_t nw, int64_t w) { return items * w / nw; }
+// Owner of item i: the largest w with start(w) <= i, i.e. items * w < (i + 1) * nw (never empty).
+TF_DEV int64_t tf_mma_owner(int64_t items, int64_t nw, int64_t i) { return ((i + 1) * nw - 1) / items; }
+// Fixup slot of warp w's piece of tile group tg (a = tg * spt, its first item): 0 when w's range
+// starts inside tg, i.e. start(w) >= a (tg is w's first group), else 1 (tg is then w's last group:
+// the groups between are covered whole and use no slot).
+TF_DEV int tf_mma_slot(int64_t items, int64_t nw, int64_t a, int64_t w) {
+  return tf_mma_start(items, nw, w) >= a ? 0 : 1;
+}
+// Pieces of tile group tg: P, and piece k's warp (ascending in k). wf = owner of its first item.
+// items >= nw: no warp is empty (each gets >= 1 item), so the pieces are warps wf .. wf + P - 1,
+// wf + P - 1 = owner of its last item. items < nw: every non-empty warp has exactly one item, so
+// there is one piece per item: P = spt, piece k = owner(a + k).
+TF_DEV int tf_mma_pieces(int64_t items, int64_t nw, int spt, int64_t a) {
+  return items >= nw ? (int)(tf_mma_owner(items, nw, a + spt - 1) - tf_mma_owner(items, nw, a) + 1)
+                     : spt;
+}
+TF_DEV int64_t tf_mma_piece(int64_t items, int64_t nw, int64_t a, int64_t wf, int k) {
+  return items >= nw ? wf + k : tf_mma_owner(items, nw, a + k);
+}
+// Only piece 0 can use slot 1: every later piece's warp starts after a (start(wf + 1) > a).
+
 #if TF_DEVICE
 // ------------------------------------------------------------------ tensor-core primitives
 // D = A . B with C = 0 (one mma per group: the group's scales differ, so its integer dot must
@@ -415,10 +442,10 @@ TF_DEV void tf_mma_block(const typename M::Raw (&r0)[RT], const typename M::Raw 
   }
 }
 
-// Store (or add, when other warps share the tile) a warp's partial tile: lane (g, t) holds rows
-// g, g+8 x columns 8T + 2t, 8T + 2t + 1.
+// Store a finished tile: lane (g, t) holds rows g, g+8 x columns 8T + 2t, 8T + 2t + 1. Rows past
+// n_out and columns past ncols are not stored.
 template <int NT>
-TF_DEV void tf_mma_flush(float* __restrict__ y, int n_out, int ncols, int row0, int t, bool add,
+TF_DEV void tf_mma_flush(float* __restrict__ y, int n_out, int ncols, int row0, int t,
                          const float (&acc)[NT][4]) {
   const int row1 = row0 + 8;
 #pragma unroll
@@ -428,10 +455,83 @@ TF_DEV void tf_mma_flush(float* __restrict__ y, int n_out, int ncols, int row0, 
       const int c = 8 * T + 2 * t + cc;
       if (c < ncols) {
         float* p0 = y + (uint64_t)c * n_out + row0;
-        if (row0 < n_out) { if (add) atomicAdd(p0, acc[T][cc]); else *p0 = acc[T][cc]; }
-        if (row1 < n_out) { if (add) atomicAdd(p0 + 8, acc[T][2 + cc]); else p0[8] = acc[T][2 + cc]; }
+        if (row0 < n_out) *p0 = acc[T][cc];
+        if (row1 < n_out) p0[8] = acc[T][2 + cc];
       }
     }
+}
+
+// ------------------------------------------------------------------ deterministic stream-K fixup
+// Why: the split tiles used to be atomically added into a zeroed y, so their fp32 summation order
+// followed the warps' timing (~1e-7 run to run), which the 64-layer model amplified into ~10 %
+// different logits. Now every split tile group is summed by ONE warp in a fixed order.
+// Workspace (gemv_mma.py allocates it once per device; the counters are zero at rest):
+//   cnt  int32 [tile groups]: arrivals at each split tile group during the launch;
+//   part fp32 [nw][2][TF_MMA_SLOT_FLOATS][32]: warp w's slot 0 = its piece of the FIRST tile group
+//        of its item range, slot 1 = its piece of the LAST one (when different). Float f of lane l
+//        at [f][l] (coalesced stores; every warp has the same fragment layout, so lane l of the
+//        reducer reads the same positions of every slot). f = (rt * NT + T) * 4 + i of acc.
+// Protocol of a warp that finishes tile group tg without covering it whole:
+//   1. every lane stores its acc to its slot, __threadfence(), __syncwarp();
+//   2. lane 0: old = atomicAdd(&cnt[tg], 1), broadcast;
+//   3. P = the number of warps with items in tg (tf_mma_pieces); old != P - 1: done (not last);
+//   4. last: __threadfence(), then sum the P slots (L2 loads, __ldcg) in ascending warp order,
+//      store the sum plainly, and reset cnt[tg] = 0 for the next launch / graph replay.
+// The result is the same fixed-order sum whoever arrives last (bitwise repeatable).
+// gemv_mma.fixup_plan mirrors these integer formulas on the host (tests/test_gemv_mma.py).
+// A warp's tile group tg is done: plain store when it covered the whole group, else the fixup
+// protocol above. Inline on purpose: as a __noinline__ call the ABI's saved registers cost spills
+// in the hot loop; here the cold branch reuses the step's dead decode registers. The split is
+// recomputed from kernel parameters and special registers rather than kept live across the loop.
+template <int RT, int NT>
+TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, int g, int t,
+                          bool whole, int spt, int* cnt, float* part, float (&acc)[RT][NT][4]) {
+  static_assert(RT * NT * 4 <= TF_MMA_SLOT_FLOATS, "slot too small for this accumulator");
+  constexpr int SLOT = TF_MMA_SLOT_FLOATS * 32;
+  if (!whole) {
+    const int lane = 4 * g + t;
+    // volatile reads: ptxas must not keep the kernel's own nw / gw live across the step loop
+    uint32_t cta, ncta, tid;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(ncta));
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    const int64_t items = (int64_t)((n_out + 16 * RT - 1) / (16 * RT)) * spt;
+    const int64_t nw = (int64_t)ncta * TF_MMA_WARPS;
+    const int64_t gw = (int64_t)cta * TF_MMA_WARPS + (tid >> 5);
+    const int64_t a = (int64_t)tg * spt;
+    float* mine = part + (gw * 2 + tf_mma_slot(items, nw, a, gw)) * SLOT + lane;
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+      for (int T = 0; T < NT; ++T)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) __stcg(mine + ((rt * NT + T) * 4 + i) * 32, acc[rt][T][i]);
+    __threadfence();      // this lane's piece is visible device-wide before ...
+    __syncwarp();         // ... lane 0 counts the warp's arrival
+    int old = 0;
+    if (lane == 0) old = atomicAdd(cnt + tg, 1);
+    old = __shfl_sync(0xffffffffu, old, 0);
+    const int P = tf_mma_pieces(items, nw, spt, a);
+    if (old != P - 1) return;                                  // warp-uniform: not the last
+    __threadfence();
+    const int64_t wf = tf_mma_owner(items, nw, a);
+    for (int k = 0; k < P; ++k) {                              // ascending warp order
+      const int64_t v = tf_mma_piece(items, nw, a, wf, k);
+      const float* p = part + (v * 2 + (k == 0 ? tf_mma_slot(items, nw, a, v) : 0)) * SLOT + lane;
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int T = 0; T < NT; ++T)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float x = __ldcg(p + ((rt * NT + T) * 4 + i) * 32);   // L2, not a stale L1 line
+            acc[rt][T][i] = k == 0 ? x : acc[rt][T][i] + x;    // piece 0 as stored, then in order
+          }
+    }
+    if (lane == 0) cnt[tg] = 0;         // all P pieces arrived: nobody else touches it this launch
+  }
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, acc[rt]);
 }
 
 // tf_mma: one 16-row tile per warp (the default; kept apart from tf_mma_rt's general form, with
@@ -451,7 +551,7 @@ template <class M, int NT>
 __global__ void __launch_bounds__(TF_MMA_THREADS, 2)
 tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
        const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int ncols,
-       int split) {
+       int* cnt, float* part) {
   constexpr int U = tf_mma_u<M, NT>::U;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -499,7 +599,8 @@ tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float
       for (int u = 0; u < U; ++u)
         if (b + u < nb) tf_mma_block<M, NT, 1>(r0[u], r1[u], t, b + u, xq, xd, xs16, xo, co, acc);
     }
-    tf_mma_flush<NT>(y, n_out, ncols, row0, t, split && (s0 != 0 || s1 != spt), acc[0]);
+    tf_mma_finish<1, NT>(y, n_out, ncols, tile, g, t, s0 == 0 && s1 == spt, spt, cnt, part,
+                         acc);
     it += s1 - s0;
   }
 }
@@ -522,7 +623,7 @@ template <class M, int NT, int RT>
 __global__ void __launch_bounds__(TF_MMA_THREADS, 2)
 tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
        const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int ncols,
-       int split) {
+       int* cnt, float* part) {
   constexpr int U = tf_mma_u<M, NT, RT>::U;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -580,10 +681,8 @@ tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
       for (int u = 0; u < U; ++u)
         if (b + u < nb) tf_mma_block<M, NT, RT>(r0[u], r1[u], t, b + u, xq, xd, xs16, xo, co, acc);
     }
-    const bool add = split && (s0 != 0 || s1 != spt);
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
-      tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, add, acc[rt]);
+    tf_mma_finish<RT, NT>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt, spt, cnt, part,
+                          acc);
     it += s1 - s0;
   }
 }

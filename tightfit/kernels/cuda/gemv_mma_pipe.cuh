@@ -77,7 +77,7 @@ template <class M, int RT, int NST>
 __global__ void __launch_bounds__(TF_MMA_THREADS, 2)
 tf_mma_pipe(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
             const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int ncols,
-            int split) {
+            int* cnt, float* part) {
   using G = tf_mmp_geo<M, RT, NST>;
   constexpr int U = G::U;
   extern __shared__ __align__(16) uint8_t tf_mmp_smem[];
@@ -157,10 +157,8 @@ tf_mma_pipe(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const 
       __syncwarp();
       stage = stage + 1 == NST ? 0 : stage + 1;
     }
-    const bool add = split && (s0 != 0 || s1 != spt);
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
-      tf_mma_flush<1>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, add, acc[rt]);
+    tf_mma_finish<RT, 1>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt, spt, cnt, part,
+                         acc);
     it += s1 - s0;
   }
   tf_mmp_wait<0>();
