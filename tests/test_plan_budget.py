@@ -177,3 +177,24 @@ def test_parse_size(text, value):
 def test_parse_size_rejects(text):
     with pytest.raises(UserError):
         parse_size(text)
+
+
+def test_mma_fixup_line_matches_kernel_workspace(inv, monkeypatch):
+    """With the CUDA GEMV routed (as on the H200), the step buffers carry the tensor-core GEMV's
+    fixup workspace, priced exactly as gemv_mma.fixup_workspace_bytes for the largest routable
+    n_out (the output head) on the default 132 SMs; without the CUDA route there is no line."""
+    from tightfit.kernels import gemv_mma
+    from tightfit.kernels import gemv_route
+    from tightfit.plan.budget import mma_fixup_rows, workspace_buffers
+    from tightfit.plan.buffers import DEFAULT_SMS
+    cfg = QWEN35_27B
+    o = opts()
+    assert "mma_fixup" not in {b.name for b in workspace_buffers(cfg, o, inv)}
+    monkeypatch.setattr(gemv_route, "cuda_routed", lambda q: True)
+    bufs = {b.name: b for b in workspace_buffers(cfg, o, inv)}
+    rows = mma_fixup_rows(cfg, o, inv)
+    head = [t for t in inv.needed(False) if t.name == "output.weight"] or [
+        inv.tensors["token_embd.weight"]]
+    assert rows == head[0].ne[1] == 248320          # the output head (Q6_K)
+    assert bufs["mma_fixup"].dtype == "u8"
+    assert bufs["mma_fixup"].nbytes == gemv_mma.fixup_workspace_bytes(rows, DEFAULT_SMS)

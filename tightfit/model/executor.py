@@ -469,6 +469,11 @@ class GPUModel:
             t = region[offs[b.name]:offs[b.name] + b.nbytes].view(dt[b.dtype]).view(b.shape)
             t.zero_()
             self._ws[b.name] = t
+        if "mma_fixup" in self._ws and plan is not None:
+            # the planned tensor-core GEMV workspace (counters zeroed above) replaces its lazy one
+            from tightfit.kernels.gemv_mma import use_workspace
+            from tightfit.plan.budget import mma_fixup_rows
+            use_workspace(self._ws["mma_fixup"], mma_fixup_rows(c, plan.options, plan.inventory))
 
     def _alloc_buffers(self) -> None:
         """The step's buffers are views of the carved workspace; constants (RoPE tables, the

@@ -18,7 +18,8 @@ from typing import Any
 
 from tightfit.errors import PlanError, UserError
 from tightfit.model.config import Qwen35Config
-from tightfit.plan.buffers import DEFAULT_ATTN_CHUNK, act_layouts, pack, step_buffers, vector_shapes
+from tightfit.plan.buffers import (DEFAULT_ATTN_CHUNK, act_layouts, mma_rows, pack, step_buffers,
+                                   vector_shapes)
 from tightfit.plan.placement import (ModelInventory, Placement, TensorSpec, align_up,
                                      build_placement, type_name)
 from tightfit.plan.host_speed import host_ms_by_type
@@ -279,6 +280,7 @@ def workspace_buffers(cfg: Qwen35Config, o: PlanOptions, inv: ModelInventory | N
     fmt = kv_format(o.kv_type)
     layouts, vectors = {}, {}
     if inv is not None:
+        mma_n_out = mma_fixup_rows(cfg, o, inv)
         needed = inv.needed(o.include_mtp)
         layouts = act_layouts((t.name, t.qtype, t.ne[0]) for t in needed if t.is_matrix)
         if cfg.tied_output or "output.weight" not in inv.tensors:
@@ -288,7 +290,18 @@ def workspace_buffers(cfg: Qwen35Config, o: PlanOptions, inv: ModelInventory | N
                 layouts[k] = tuple(sorted(set(layouts.get(k, ())) | set(v)))
         vectors = vector_shapes((t.name, t.qtype, t.ne) for t in needed)
     return step_buffers(cfg, o.ctx, None if fmt.name == "f16" else fmt.name, o.attn_chunk,
-                        layouts, vectors)
+                        layouts, vectors, mma_n_out=mma_n_out if inv is not None else 0)
+
+
+def mma_fixup_rows(cfg: Qwen35Config, o: PlanOptions, inv: ModelInventory) -> int:
+    """The largest n_out that can run on the tensor-core GEMV (buffers.mma_rows), the output head
+    included when it is the tied embedding: what the `mma_fixup` buffer's counters are sized for."""
+    needed = inv.needed(o.include_mtp)
+    mats = [(t.name, t.qtype, t.ne[0], t.ne[1]) for t in needed if t.is_matrix]
+    if cfg.tied_output or "output.weight" not in inv.tensors:
+        emb = inv.tensors["token_embd.weight"]
+        mats.append(("output.weight", emb.qtype, emb.ne[0], emb.ne[1]))
+    return mma_rows(mats)
 
 
 def _fixed_lines(cfg: Qwen35Config, o: PlanOptions,

@@ -26,7 +26,10 @@ Items (fp32 unless stated; E n_embd, H heads, D head_dim, V vocabulary):
 * int8 activation copies for the quantized GEMV, one set per (input, layout) that a device
   matrix reads (tightfit.kernels.gemv_route.act_buffers: v1 q int8 [1, k], d [1, k/32], s16
   int32 [1, k/16]; small-N path q, xs [1, k/S], xsum [1, k/32], b), and `gemv_part`, the
-  small path's split-K partials (gemv_route.split_bound);
+  small path's split-K partials (gemv_route.split_bound); `mma_fixup` uint8, the tensor-core
+  GEMV's fixup workspace (gemv_mma.fixup_workspace_bytes: tile counters for the largest n_out
+  that can route there + 2 partial slots per warp of the largest grid), when any matrix can take
+  that route (`mma_rows`); the SM count is the H200's (DEFAULT_SMS) unless given;
 * decoded copies of non-F32 vector tensors (norm weights, conv kernel, ssm scalars).
 
 What is not here: kernel constant tables that the kernel modules cache per device (a few KB,
@@ -43,6 +46,7 @@ DTYPE_BYTES = {"f32": 4, "i32": 4, "i64": 8, "i8": 1, "u8": 1}
 IDS_RING = 256            # device-sampled ids kept between two host reads of the greedy loop
 ARGMAX_BLOCK = 4096       # logits per program of the first argmax stage
 DEFAULT_ATTN_CHUNK = 512  # rows per split-K chunk (tightfit.kernels.attn_decode.DEFAULT_CHUNK)
+DEFAULT_SMS = 132         # H200 SMs: sizes the mma_fixup slots when the plan knows no device
 
 # which activation buffer each matrix of a block reads (the executor's _linears calls)
 _INPUT_OF = {"attn_qkv": "xn", "attn_gate": "xn", "ssm_beta": "xn", "ssm_alpha": "xn",
@@ -97,6 +101,23 @@ def act_layouts(matrices: Iterable[tuple[str, int, int]]) -> dict[str, tuple[int
     return {k: tuple(sorted(v)) for k, v in out.items()}
 
 
+def mma_rows(matrices: Iterable[tuple[str, int, int, int]]) -> int:
+    """Largest n_out among (name, ggml type, n_in, n_out) matrices that can run on the tensor-core
+    GEMV (gemv_route.mma_routed: a CUDA-layout type with a crossover, whole 256-blocks; the
+    TIGHTFIT_GEMV_MMA switch is a run-time choice, so it is not consulted), else 0."""
+    try:
+        from tightfit.kernels.gemv_route import act_layout, is_cuda, mma_min_n
+    except Exception:  # noqa: BLE001 - no GEMV module: no tensor-core route
+        return 0
+    best = 0
+    for name, qtype, n_in, n_out in matrices:
+        if matrix_input(name) is None or n_in % 256 or mma_min_n(int(qtype)) is None:
+            continue
+        if is_cuda(act_layout(int(qtype))):
+            best = max(best, int(n_out))
+    return best
+
+
 def vector_shapes(tensors: Iterable[tuple[str, int, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:
     """{name: numpy shape} of the vector tensors (1-D or config.is_vector_tensor) that are not F32:
     the executor keeps a decoded fp32 copy of those on the device."""
@@ -112,7 +133,8 @@ def step_buffers(cfg: Any, ctx: int, kv_type: str | None = None,
                  chunk: int = DEFAULT_ATTN_CHUNK,
                  layouts: dict[str, tuple[int, ...]] | None = None,
                  vectors: dict[str, tuple[int, ...]] | None = None,
-                 with_status: bool = True) -> list[Buf]:
+                 with_status: bool = True, mma_n_out: int = 0,
+                 sms: int = DEFAULT_SMS) -> list[Buf]:
     """The executor's device buffers, in carving order (see the module docstring)."""
     E, H, D, V = cfg.n_embd, cfg.n_head, cfg.head_dim, cfg.n_vocab
     nb = -(-V // ARGMAX_BLOCK)
@@ -155,6 +177,9 @@ def step_buffers(cfg: Any, ctx: int, kv_type: str | None = None,
     if small:       # split-K partials of the small-N GEMV path (gemv_route.split_bound)
         from tightfit.kernels.gemv_route import split_bound
         b.append(Buf("gemv_part", (split_bound(1),)))
+    if mma_n_out > 0:   # tensor-core GEMV fixup workspace (gemv_mma.fixup_workspace_bytes)
+        from tightfit.kernels.gemv_mma import fixup_workspace_bytes
+        b.append(Buf("mma_fixup", (fixup_workspace_bytes(mma_n_out, sms),), "u8"))
     for name, shape in sorted((vectors or {}).items()):
         b.append(Buf(f"vec:{name}", tuple(shape)))
     return b
