@@ -171,10 +171,15 @@ def split_bound(n: int = 1) -> int:
 # 1.79x plain. OFF by default since session 10 (TIGHTFIT_GEMV_MMA=1 turns it on): with it, two
 # batched prefills of one prompt on the seed-mix 27B differ by 12 % (relative L2 of the logits) and
 # plain greedy decoding is not repeatable (bench/spec_exact.py, bench/spec.py "first diff", RESULTS
-# session 10); without it both are bitwise repeatable. Its split tiles are summed with atomics
-# (~1e-7 run to run); a 1e-6 perturbation grows only to ~1e-5 over 12 layers of that model (CPU), so
-# that alone does not explain 12 %: the cause is open (bench/NOTES.md session 10). The decode step
-# (N = 1) never routes here.
+# session 10); without it both are bitwise repeatable. Cause (measured): its split tiles were
+# summed with atomics (~1e-7 run to run), and the model amplifies a 1e-7 change (blk.0.attn_norm
+# scaled by 1 + 1e-7) into 1.38e-1 relative L2 of the logits on the GPU (bench/spec_exact.py
+# --perturb 1e-7, 2026-11-30), while every routed call of a prefill checked in place matched
+# gemv_cuda to <= 2.6e-7 (bench/mma_bisect.py): the atomics' order amplified, not a kernel bug.
+# The kernel now sums split tiles in a fixed order (deterministic stream-K fixup, gemv_mma.py), so
+# it is bitwise repeatable by construction; the route stays opt-in until that is confirmed on the
+# H200 (tests/test_gemv_mma_device.py test_device_bitwise_repeatable, bench/spec_exact.py).
+# The decode step (N = 1) never routes here.
 MMA_MIN_N = {12: 3, 13: 3, 23: 4, 14: 8, 8: 9}
 # Q6_K on the cp.async-pipelined kernel (gemv_mma_pipe, its default since session 10): at N = 5
 # 52.0 / 55.9 / 501 us vs gemv_cuda's 56.8 / 61.3 / 693 on 5120->17408 / 17408->5120 / the output

@@ -542,7 +542,8 @@ TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, i
 // wave of resident warps with ~equal items per warp, so there is no tail wave (a 16-row tile per
 // warp with a fixed K split left up to half the SMs idle in a second wave). A warp accumulates
 // along its range in registers and flushes at every tile change: a plain store when it covered the
-// whole tile, else an atomicAdd into y, which the caller zeroed first (`split` != 0).
+// whole tile, else the deterministic fixup (tf_mma_finish: slot, arrival count, the last warp sums
+// the pieces in ascending warp order), so y needs no zeroing and results are bitwise repeatable.
 // Inside a tile the 4 lanes of a row read 32 contiguous bytes per load and consecutive steps walk
 // the row's bytes in order; each step issues the U blocks' loads for both rows before the first mma.
 // Rows past n_out compute on row n_out-1's weights and are never stored. Columns: ncols <= 8*NT;
@@ -613,8 +614,8 @@ tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float
 // gemv_mma.py sizes the grid to one wave of resident warps with ~equal items per warp, so there is
 // no tail wave (a 16-row tile per warp with a fixed K split left up to half the SMs idle in a
 // second wave: measured 2x). A warp accumulates along its range in registers and flushes at every
-// tile-group change: a plain store when it covered the whole group, else an atomicAdd into y,
-// which the caller zeroed first (`split` != 0).
+// tile-group change: a plain store when it covered the whole group, else the deterministic fixup
+// (tf_mma_finish; cnt / part: gemv_mma.py's per-device workspace).
 // Inside a tile the 4 lanes of a row read 32 contiguous bytes per load and consecutive steps walk
 // the row's bytes in order; each step issues the U blocks' loads for all 2*RT rows of the lane
 // before the first mma. Rows past n_out compute on row n_out-1's weights and are never stored.

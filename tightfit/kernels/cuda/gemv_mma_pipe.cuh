@@ -72,7 +72,8 @@ TF_DEV void tf_mmp_issue(const uint8_t* __restrict__ W, uint32_t sb, int lane, i
 }
 
 // Work split as tf_mma_rt (stream-K over items = (group of RT 16-row tiles, step of U blocks)),
-// NT = 1 (N <= 8 columns). See gemv_mma.cuh for the fragment and epilogue conventions.
+// NT = 1 (N <= 8 columns), split tile groups through the same deterministic fixup (tf_mma_finish).
+// See gemv_mma.cuh for the fragment, epilogue and fixup conventions.
 template <class M, int RT, int NST>
 __global__ void __launch_bounds__(TF_MMA_THREADS, 2)
 tf_mma_pipe(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
