@@ -234,7 +234,9 @@ def test_nvcc_sm90_no_spills():
             return r["rt"] == 2 and (r["format"] == "M_Q6_K" or sp <= 64)
         if r["nt"] * r["rt"] >= 2:
             return sp <= (140 if r["format"] == "M_Q6_K" else 40)
-        return False
+        # one row tile, one B tile (opt-in "rt": 1): Q5_K keeps one word spilled since the
+        # arrivals moved to the range's end (a store and a load outside the step loop)
+        return r["format"] == "M_Q5_K" and sp <= 16
     bad = [r for r in rows if (r["spill_stores"] or r["spill_loads"]) and not known(r)]
     assert not bad, bad
     assert all(r["regs"] <= 128 for r in rows), rows     # 2 CTAs of 256 threads per SM

@@ -471,67 +471,113 @@ TF_DEV void tf_mma_flush(float* __restrict__ y, int n_out, int ncols, int row0, 
 //        of its item range, slot 1 = its piece of the LAST one (when different). Float f of lane l
 //        at [f][l] (coalesced stores; every warp has the same fragment layout, so lane l of the
 //        reducer reads the same positions of every slot). f = (rt * NT + T) * 4 + i of acc.
-// Protocol of a warp that finishes tile group tg without covering it whole:
-//   1. every lane stores its acc to its slot, __threadfence(), __syncwarp();
-//   2. lane 0: old = atomicAdd(&cnt[tg], 1), broadcast;
-//   3. P = the number of warps with items in tg (tf_mma_pieces); old != P - 1: done (not last);
-//   4. last: __threadfence(), then sum the P slots (L2 loads, __ldcg) in ascending warp order,
-//      store the sum plainly, and reset cnt[tg] = 0 for the next launch / graph replay.
+// Protocol (the arrivals wait for the END of the warp's item range, so no warp stalls on a memory
+// fence in the middle of its stream of weight loads; measured on the 27B verify block at M = 5:
+// a fence + arrival at every split group cost 14.76 vs 12.80 ms with atomics, session 11):
+//   1. a warp that finishes tile group tg without covering it whole stores its acc to its slot
+//      (L2 stores, __stcg) and goes on;
+//   2. at the end of its range it arrives at each group it left partial (at most two: its first
+//      and its last): __syncwarp() (the lanes' slot stores happen before ...), lane 0 does
+//      atom.add.acq_rel.gpu on cnt[tg] (... its release; the acquire side serves step 3), and
+//      broadcasts the old count;
+//   3. P = the number of warps with items in tg (tf_mma_pieces); old == P - 1: this warp is last,
+//      sums the P slots (L2 loads, __ldcg) in ascending warp order, stores the sum plainly and
+//      resets cnt[tg] = 0 for the next launch / graph replay.
 // The result is the same fixed-order sum whoever arrives last (bitwise repeatable).
 // gemv_mma.fixup_plan mirrors these integer formulas on the host (tests/test_gemv_mma.py).
-// A warp's tile group tg is done: plain store when it covered the whole group, else the fixup
-// protocol above. Inline on purpose: as a __noinline__ call the ABI's saved registers cost spills
+
+// lane 0's arrival at a split tile group: the old count, with release (the warp's slot stores,
+// ordered before it by the __syncwarp in the caller) and acquire (the other pieces) semantics
+TF_DEV int tf_mma_arrive(int* c) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(c) : "memory");
+  return old;
+}
+
+// Sum the P pieces of tile group tg (this warp arrived last) in ascending warp order into acc,
+// store them, reset the group's counter.
+template <int RT, int NT>
+TF_DEV void tf_mma_reduce(float* __restrict__ y, int n_out, int ncols, int tg, int g, int t,
+                          int64_t items, int64_t nw, int spt, int* cnt, const float* part,
+                          float (&acc)[RT][NT][4]) {
+  constexpr int SLOT = TF_MMA_SLOT_FLOATS * 32;
+  const int lane = 4 * g + t;
+  const int64_t a = (int64_t)tg * spt;
+  const int P = tf_mma_pieces(items, nw, spt, a);
+  const int64_t wf = tf_mma_owner(items, nw, a);
+  for (int k = 0; k < P; ++k) {                              // ascending warp order
+    const int64_t v = tf_mma_piece(items, nw, a, wf, k);
+    const float* p = part + (v * 2 + (k == 0 ? tf_mma_slot(items, nw, a, v) : 0)) * SLOT + lane;
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+      for (int T = 0; T < NT; ++T)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float x = __ldcg(p + ((rt * NT + T) * 4 + i) * 32);   // L2, not a stale L1 line
+          acc[rt][T][i] = k == 0 ? x : acc[rt][T][i] + x;    // piece 0 as stored, then in order
+        }
+  }
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, acc[rt]);
+  if (lane == 0) cnt[tg] = 0;         // all P pieces arrived: nobody else touches it this launch
+}
+
+// A warp's tile group tg is done (`last`: the final group of its item range): plain store when it
+// covered the whole group, else its piece goes to its slot; at the range's end the arrivals of
+// step 2 above. Inline on purpose: as a __noinline__ call the ABI's saved registers cost spills
 // in the hot loop; here the cold branch reuses the step's dead decode registers. The split is
 // recomputed from kernel parameters and special registers rather than kept live across the loop.
 template <int RT, int NT>
 TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, int g, int t,
-                          bool whole, int spt, int* cnt, float* part, float (&acc)[RT][NT][4]) {
+                          bool whole, bool last, int spt, int* cnt, float* part,
+                          float (&acc)[RT][NT][4]) {
   static_assert(RT * NT * 4 <= TF_MMA_SLOT_FLOATS, "slot too small for this accumulator");
   constexpr int SLOT = TF_MMA_SLOT_FLOATS * 32;
+  if (whole) {
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+      tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, acc[rt]);
+    if (!last) return;
+  }
+  const int lane = 4 * g + t;
+  // volatile reads: ptxas must not keep the kernel's own nw / gw live across the step loop
+  uint32_t cta, ncta, tid;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+  asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(ncta));
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  const int64_t items = (int64_t)((n_out + 16 * RT - 1) / (16 * RT)) * spt;
+  const int64_t nw = (int64_t)ncta * TF_MMA_WARPS;
+  const int64_t gw = (int64_t)cta * TF_MMA_WARPS + (tid >> 5);
   if (!whole) {
-    const int lane = 4 * g + t;
-    // volatile reads: ptxas must not keep the kernel's own nw / gw live across the step loop
-    uint32_t cta, ncta, tid;
-    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
-    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(ncta));
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-    const int64_t items = (int64_t)((n_out + 16 * RT - 1) / (16 * RT)) * spt;
-    const int64_t nw = (int64_t)ncta * TF_MMA_WARPS;
-    const int64_t gw = (int64_t)cta * TF_MMA_WARPS + (tid >> 5);
-    const int64_t a = (int64_t)tg * spt;
-    float* mine = part + (gw * 2 + tf_mma_slot(items, nw, a, gw)) * SLOT + lane;
+    float* mine = part + (gw * 2 + tf_mma_slot(items, nw, (int64_t)tg * spt, gw)) * SLOT + lane;
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
       for (int T = 0; T < NT; ++T)
 #pragma unroll
         for (int i = 0; i < 4; ++i) __stcg(mine + ((rt * NT + T) * 4 + i) * 32, acc[rt][T][i]);
-    __threadfence();      // this lane's piece is visible device-wide before ...
-    __syncwarp();         // ... lane 0 counts the warp's arrival
-    int old = 0;
-    if (lane == 0) old = atomicAdd(cnt + tg, 1);
-    old = __shfl_sync(0xffffffffu, old, 0);
-    const int P = tf_mma_pieces(items, nw, spt, a);
-    if (old != P - 1) return;                                  // warp-uniform: not the last
-    __threadfence();
-    const int64_t wf = tf_mma_owner(items, nw, a);
-    for (int k = 0; k < P; ++k) {                              // ascending warp order
-      const int64_t v = tf_mma_piece(items, nw, a, wf, k);
-      const float* p = part + (v * 2 + (k == 0 ? tf_mma_slot(items, nw, a, v) : 0)) * SLOT + lane;
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-        for (int T = 0; T < NT; ++T)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float x = __ldcg(p + ((rt * NT + T) * 4 + i) * 32);   // L2, not a stale L1 line
-            acc[rt][T][i] = k == 0 ? x : acc[rt][T][i] + x;    // piece 0 as stored, then in order
-          }
-    }
-    if (lane == 0) cnt[tg] = 0;         // all P pieces arrived: nobody else touches it this launch
+    if (!last) return;                 // the range's first group: it arrives at the range's end
   }
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt) tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, acc[rt]);
+  // the end of the range: the first group is pending when the range started inside it and it is
+  // not this (last) group; this group when it was not covered whole
+  const int64_t start = tf_mma_start(items, nw, gw);
+  const int ftg = (int)(start / spt);
+  const bool first = (start % spt) != 0 && ftg != tg;
+  if (!first && whole) return;
+  __syncwarp();
+  int o1 = 0, o2 = 0;
+  if (lane == 0) {
+    if (first) o1 = tf_mma_arrive(cnt + ftg);
+    if (!whole) o2 = tf_mma_arrive(cnt + tg);
+  }
+  o1 = __shfl_sync(0xffffffffu, o1, 0);
+  o2 = __shfl_sync(0xffffffffu, o2, 0);
+  __syncwarp();
+  if (first && o1 == tf_mma_pieces(items, nw, spt, (int64_t)ftg * spt) - 1)
+    tf_mma_reduce<RT, NT>(y, n_out, ncols, ftg, g, t, items, nw, spt, cnt, part, acc);
+  if (!whole && o2 == tf_mma_pieces(items, nw, spt, (int64_t)tg * spt) - 1)
+    tf_mma_reduce<RT, NT>(y, n_out, ncols, tg, g, t, items, nw, spt, cnt, part, acc);
 }
 
 // tf_mma: one 16-row tile per warp (the default; kept apart from tf_mma_rt's general form, with
@@ -600,7 +646,8 @@ tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float
       for (int u = 0; u < U; ++u)
         if (b + u < nb) tf_mma_block<M, NT, 1>(r0[u], r1[u], t, b + u, xq, xd, xs16, xo, co, acc);
     }
-    tf_mma_finish<1, NT>(y, n_out, ncols, tile, g, t, s0 == 0 && s1 == spt, spt, cnt, part,
+    tf_mma_finish<1, NT>(y, n_out, ncols, tile, g, t, s0 == 0 && s1 == spt,
+                         it + (s1 - s0) >= iend, spt, cnt, part,
                          acc);
     it += s1 - s0;
   }
@@ -682,7 +729,8 @@ tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
       for (int u = 0; u < U; ++u)
         if (b + u < nb) tf_mma_block<M, NT, RT>(r0[u], r1[u], t, b + u, xq, xd, xs16, xo, co, acc);
     }
-    tf_mma_finish<RT, NT>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt, spt, cnt, part,
+    tf_mma_finish<RT, NT>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt,
+                          it + (s1 - s0) >= iend, spt, cnt, part,
                           acc);
     it += s1 - s0;
   }
