@@ -266,6 +266,12 @@ template <class M, int NT, int RT = 1> struct tf_mma_u {
 // Host and device (the g++ harness runs these; gemv_mma.fixup_plan mirrors them in Python).
 // Items = (tile group, step); warp w of nw takes items [tf_mma_start(w), tf_mma_start(w + 1)).
 #define TF_MMA_SLOT_FLOATS 8      // fixup slot floats per lane: max NT * RT * 4 over the kernels
+#ifndef TF_MMA_FIXUP_MID
+#define TF_MMA_FIXUP_MID 0      // gemv_mma.py defines it 1 for TIGHTFIT_MMA_FIXUP=mid
+#endif
+#ifndef TF_MMA_REDUCE_BATCH
+#define TF_MMA_REDUCE_BATCH 1   // TIGHTFIT_MMA_REDUCE_BATCH (1, 2 or 4)
+#endif
 TF_DEV int64_t tf_mma_start(int64_t items, int64_t nw, int64_t w) { return items * w / nw; }
 // Owner of item i: the largest w with start(w) <= i, i.e. items * w < (i + 1) * nw (never empty).
 TF_DEV int64_t tf_mma_owner(int64_t items, int64_t nw, int64_t i) { return ((i + 1) * nw - 1) / items; }
@@ -477,22 +483,25 @@ TF_DEV void tf_mma_flush(float* __restrict__ y, int n_out, int ncols, int row0, 
 //   1. a warp that finishes tile group tg without covering it whole stores its acc to its slot
 //      (L2 stores, __stcg) and goes on;
 //   2. at the end of its range it arrives at each group it left partial (at most two: its first
-//      and its last): __syncwarp() (the lanes' slot stores happen before ...), lane 0 does
-//      atom.add.acq_rel.gpu on cnt[tg] (... its release; the acquire side serves step 3), and
-//      broadcasts the old count;
-//   3. P = the number of warps with items in tg (tf_mma_pieces); old == P - 1: this warp is last,
-//      sums the P slots (L2 loads, __ldcg) in ascending warp order, stores the sum plainly and
-//      resets cnt[tg] = 0 for the next launch / graph replay.
+//      and its last): __syncwarp() (the lanes' slot stores happen before ...), lane 0 issues
+//      fence.acq_rel.gpu and a relaxed atom.add on each cnt[tg] (... this release pattern; both
+//      atomics in flight together), and broadcasts the old counts;
+//   3. P = the number of warps with items in tg (tf_mma_pieces); old == P - 1: this warp is last:
+//      fence.acq_rel.gpu (acquire), then it loads the P slots (L2 loads, __ldcg; four pieces' loads
+//      in flight at once) and sums them in ascending warp order, stores the sum plainly and resets
+//      cnt[tg] = 0 for the next launch / graph replay.
 // The result is the same fixed-order sum whoever arrives last (bitwise repeatable).
 // gemv_mma.fixup_plan mirrors these integer formulas on the host (tests/test_gemv_mma.py).
 
-// lane 0's arrival at a split tile group: the old count, with release (the warp's slot stores,
-// ordered before it by the __syncwarp in the caller) and acquire (the other pieces) semantics
+// lane 0's arrival at a split tile group: the old count (relaxed: the caller's fence.acq_rel
+// before it makes the pair a release of the warp's slot stores, ordered before it by __syncwarp;
+// the fence after it, in the warp that arrives last, the acquire of the other pieces)
 TF_DEV int tf_mma_arrive(int* c) {
   int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(c) : "memory");
+  asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(c) : "memory");
   return old;
 }
+TF_DEV void tf_mma_fence() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // Sum the P pieces of tile group tg (this warp arrived last) in ascending warp order into acc,
 // store them, reset the group's counter.
@@ -505,18 +514,36 @@ TF_DEV void tf_mma_reduce(float* __restrict__ y, int n_out, int ncols, int tg, i
   const int64_t a = (int64_t)tg * spt;
   const int P = tf_mma_pieces(items, nw, spt, a);
   const int64_t wf = tf_mma_owner(items, nw, a);
-  for (int k = 0; k < P; ++k) {                              // ascending warp order
-    const int64_t v = tf_mma_piece(items, nw, a, wf, k);
-    const float* p = part + (v * 2 + (k == 0 ? tf_mma_slot(items, nw, a, v) : 0)) * SLOT + lane;
+  constexpr int F = RT * NT * 4;                             // floats per lane and piece
+  // pieces whose loads are issued together: 2 or 4 cost 20-200 spilled bytes per kernel at the
+  // 128-register cap (ptxas allocates the cold tail with the step loop), so one at a time
+  constexpr int B = TF_MMA_REDUCE_BATCH;
+  for (int k0 = 0; k0 < P; k0 += B) {                        // ascending warp order
+    float v[B][F];
 #pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
+    for (int j = 0; j < B; ++j) {
+      if (k0 + j < P) {
+        const int k = k0 + j;
+        const int64_t w = tf_mma_piece(items, nw, a, wf, k);
+        const float* p = part + (w * 2 + (k == 0 ? tf_mma_slot(items, nw, a, w) : 0)) * SLOT + lane;
 #pragma unroll
-      for (int T = 0; T < NT; ++T)
+        for (int f = 0; f < F; ++f) v[j][f] = __ldcg(p + f * 32);   // L2, not a stale L1 line
+      }
+    }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float x = __ldcg(p + ((rt * NT + T) * 4 + i) * 32);   // L2, not a stale L1 line
-          acc[rt][T][i] = k == 0 ? x : acc[rt][T][i] + x;    // piece 0 as stored, then in order
-        }
+    for (int j = 0; j < B; ++j) {
+      if (k0 + j < P) {
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+          for (int T = 0; T < NT; ++T)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {    // piece 0 as stored, then the others in order
+              const float x = v[j][(rt * NT + T) * 4 + i];
+              acc[rt][T][i] = k0 + j == 0 ? x : acc[rt][T][i] + x;
+            }
+      }
+    }
   }
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt) tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, acc[rt]);
@@ -534,6 +561,45 @@ TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, i
                           float (&acc)[RT][NT][4]) {
   static_assert(RT * NT * 4 <= TF_MMA_SLOT_FLOATS, "slot too small for this accumulator");
   constexpr int SLOT = TF_MMA_SLOT_FLOATS * 32;
+#if TF_MMA_FIXUP_MID
+  // variant (TIGHTFIT_MMA_FIXUP=mid, a measurement switch): arrive at each split group as soon as
+  // it is done, mid-stream, instead of at the end of the range
+  if (whole) {
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+      tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, acc[rt]);
+    return;
+  }
+  {
+    const int lane = 4 * g + t;
+    uint32_t cta, ncta, tid;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(ncta));
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    const int64_t items = (int64_t)((n_out + 16 * RT - 1) / (16 * RT)) * spt;
+    const int64_t nw = (int64_t)ncta * TF_MMA_WARPS;
+    const int64_t gw = (int64_t)cta * TF_MMA_WARPS + (tid >> 5);
+    float* mine = part + (gw * 2 + tf_mma_slot(items, nw, (int64_t)tg * spt, gw)) * SLOT + lane;
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+      for (int T = 0; T < NT; ++T)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) __stcg(mine + ((rt * NT + T) * 4 + i) * 32, acc[rt][T][i]);
+    __syncwarp();
+    int o = 0;
+    if (lane == 0) {
+      tf_mma_fence();
+      o = tf_mma_arrive(cnt + tg);
+    }
+    o = __shfl_sync(0xffffffffu, o, 0);
+    if (o != tf_mma_pieces(items, nw, spt, (int64_t)tg * spt) - 1) return;
+    if (lane == 0) tf_mma_fence();
+    __syncwarp();
+    tf_mma_reduce<RT, NT>(y, n_out, ncols, tg, g, t, items, nw, spt, cnt, part, acc);
+    return;
+  }
+#endif
   if (whole) {
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt)
@@ -567,17 +633,20 @@ TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, i
   if (!first && whole) return;
   __syncwarp();
   int o1 = 0, o2 = 0;
-  if (lane == 0) {
+  if (lane == 0) {                      // one fence, both atomics in flight together
+    tf_mma_fence();
     if (first) o1 = tf_mma_arrive(cnt + ftg);
     if (!whole) o2 = tf_mma_arrive(cnt + tg);
   }
   o1 = __shfl_sync(0xffffffffu, o1, 0);
   o2 = __shfl_sync(0xffffffffu, o2, 0);
+  const bool r1 = first && o1 == tf_mma_pieces(items, nw, spt, (int64_t)ftg * spt) - 1;
+  const bool r2 = !whole && o2 == tf_mma_pieces(items, nw, spt, (int64_t)tg * spt) - 1;
+  if (!r1 && !r2) return;               // warp-uniform: another warp sums both groups
+  if (lane == 0) tf_mma_fence();        // acquire: the other pieces' slot stores are visible
   __syncwarp();
-  if (first && o1 == tf_mma_pieces(items, nw, spt, (int64_t)ftg * spt) - 1)
-    tf_mma_reduce<RT, NT>(y, n_out, ncols, ftg, g, t, items, nw, spt, cnt, part, acc);
-  if (!whole && o2 == tf_mma_pieces(items, nw, spt, (int64_t)tg * spt) - 1)
-    tf_mma_reduce<RT, NT>(y, n_out, ncols, tg, g, t, items, nw, spt, cnt, part, acc);
+  if (r1) tf_mma_reduce<RT, NT>(y, n_out, ncols, ftg, g, t, items, nw, spt, cnt, part, acc);
+  if (r2) tf_mma_reduce<RT, NT>(y, n_out, ncols, tg, g, t, items, nw, spt, cnt, part, acc);
 }
 
 // tf_mma: one 16-row tile per warp (the default; kept apart from tf_mma_rt's general form, with
