@@ -11,5 +11,5 @@ export TIGHTFIT_DEVICE_EMBED=1
 export TIGHTFIT_GEMV_MMA=1
 exec bash bench/suite.sh 560 \
  "tests|150|python3 -m pytest -q -x tests/test_gemv_mma_device.py 2>&1 | tail -3; TIGHTFIT_MMA_FIXUP=mid python3 -m pytest -q -x tests/test_gemv_mma_device.py -k 'bitwise or graph or counters' 2>&1 | tail -2" \
- "verify|120|python3 bench/spec.py --seedmix --max-tokens 4 --skip-real --force-accept '' > /dev/null 2>&1; for f in end mid; do TIGHTFIT_MMA_FIXUP=\$f python3 bench/verify_profile.py --ms 5,8 --out \$D/\$f > \$D/\$f.txt 2>&1; echo \"fixup \$f\"; tail -3 \$D/\$f.txt; done" \
+ "verify|120|python3 -c 'import sys, argparse; sys.path.insert(0, \"bench\"); from spec import build_model; build_model(argparse.Namespace(model=None, seedmix=True, path=None, mtp=False, layers=None))'; for f in end mid; do TIGHTFIT_MMA_FIXUP=\$f python3 bench/verify_profile.py --ms 5,8 --out \$D/\$f > \$D/\$f.txt 2>&1; echo \"fixup \$f\"; tail -3 \$D/\$f.txt; done" \
  "spec|220|for f in end mid; do TIGHTFIT_MMA_FIXUP=\$f python3 bench/spec.py --seedmix --forced-modes fixed,adaptive --force-accept 0,0.8 --max-tokens 512 --skip-real --budget-s 100 --out \$D/\$f > \$D/\$f.txt 2>&1; echo \"fixup \$f\"; tail -8 \$D/\$f.txt; done"
