@@ -224,19 +224,18 @@ def test_nvcc_sm90_no_spills():
     assert len(rows) == len(TYPES) * len(gm.KERNELS) + n_pipe, rows
     assert sum(r["kernel"] == "pipe" for r in rows) == n_pipe
     # known exceptions at the 128-register cap of 2 CTAs/SM: the pipelined kernel at two row
-    # tiles spills <= 64 bytes, Q6_K's more (measured faster all the same: the Q6_K default).
+    # tiles spills <= 100 bytes (since the fixup), Q6_K's more (measured faster all the same: the
+    # Q6_K default).
     # Since the deterministic fixup (tf_mma_finish), NT * RT = 2 of the K-quants spills a few
     # words per tile group around the flush (cuobjdump: Q4_K / Q5_K none inside the step loop),
     # Q6_K (16 groups per block) up to ~130 bytes (it was 36 with the atomics); the rest is clean
     def known(r):
         sp = r["spill_stores"] + r["spill_loads"]
-        if r["kernel"] == "pipe":
-            return r["rt"] == 2 and (r["format"] == "M_Q6_K" or sp <= 64)
+        if r["kernel"] == "pipe":      # (Q4_K / Q5_K: opt-in, the rt kernel is their default)
+            return r["rt"] == 2 and (r["format"] == "M_Q6_K" or sp <= 100)
         if r["nt"] * r["rt"] >= 2:
             return sp <= (140 if r["format"] == "M_Q6_K" else 40)
-        # one row tile, one B tile (opt-in "rt": 1): Q5_K keeps one word spilled since the
-        # arrivals moved to the range's end (a store and a load outside the step loop)
-        return r["format"] == "M_Q5_K" and sp <= 16
+        return False
     bad = [r for r in rows if (r["spill_stores"] or r["spill_loads"]) and not known(r)]
     assert not bad, bad
     assert all(r["regs"] <= 128 for r in rows), rows     # 2 CTAs of 256 threads per SM

@@ -1,5 +1,5 @@
-"""Routing of N-column products to the tensor-core kernel (gemv_route.mma_routed): off unless
-TIGHTFIT_GEMV_MMA=1, only past the measured crossover, only for formats the kernel implements,
+"""Routing of N-column products to the tensor-core kernel (gemv_route.mma_routed): on unless
+TIGHTFIT_GEMV_MMA=0, only past the measured crossover, only for formats the kernel implements,
 never for CPU tensors."""
 from __future__ import annotations
 
@@ -29,15 +29,16 @@ def test_crossover_table_covers_only_implemented_formats():
         assert traits(t).block_size in (32, 256)
 
 
-def test_off_by_default_on_by_env_and_never_on_cpu(monkeypatch):
-    """Opt-in since session 10 (two prefills of one prompt were not repeatable with it on the
-    27B): the default and "0"/"off" leave every product on gemv_cuda; "1" routes past the
-    crossover; CPU tensors and formats without a decoder never route."""
+def test_on_by_default_off_by_env_and_never_on_cpu(monkeypatch):
+    """On by default again since session 11 (its split tiles are summed in a fixed order: two
+    prefills of one prompt on the 27B are bitwise equal): the default and "1" route past the
+    crossover; "0"/"off"/"" leave every product on gemv_cuda; CPU tensors and formats without a
+    decoder never route."""
     w = torch.zeros(1024, dtype=torch.uint8)
     monkeypatch.delenv("TIGHTFIT_GEMV_MMA", raising=False)
-    assert not R._mma_on()
+    assert R._mma_on()
     monkeypatch.setattr(gemv_mma, "available", lambda: True)
-    assert not R.mma_routed(12, 8, _FakeCuda)    # the default: off
+    assert R.mma_routed(12, 8, _FakeCuda)        # the default: on
     for off in ("0", "off", ""):
         monkeypatch.setenv("TIGHTFIT_GEMV_MMA", off)
         assert not R._mma_on() and not R.mma_routed(12, 8, _FakeCuda)

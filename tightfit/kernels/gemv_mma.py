@@ -84,23 +84,9 @@ _modules: dict[tuple[int, int], dict[int, object]] = {}
 _geom: dict[tuple, tuple] = {}
 
 
-def _fixup_defines() -> str:
-    """Measurement switches of the deterministic fixup (session 11): TIGHTFIT_MMA_FIXUP=mid
-    arrives at each split tile group as it completes (default: at the end of the warp's range),
-    TIGHTFIT_MMA_REDUCE_BATCH=2|4 issues that many pieces' loads at once (default 1)."""
-    mode = os.environ.get("TIGHTFIT_MMA_FIXUP", "end").strip() or "end"
-    if mode not in ("end", "mid"):
-        raise ValueError(f"TIGHTFIT_MMA_FIXUP={mode!r}: expected 'end' or 'mid'")
-    batch = os.environ.get("TIGHTFIT_MMA_REDUCE_BATCH", "1").strip() or "1"
-    if batch not in ("1", "2", "4"):
-        raise ValueError(f"TIGHTFIT_MMA_REDUCE_BATCH={batch!r}: expected 1, 2 or 4")
-    return (f"#define TF_MMA_FIXUP_MID {int(mode == 'mid')}\n"
-            f"#define TF_MMA_REDUCE_BATCH {batch}\n")
-
-
 def source() -> str:
     """Translation unit: gemv_common.cuh + gemv_mma.cuh + gemv_mma_pipe.cuh."""
-    return (_fixup_defines() + (CUDA_DIR / COMMON).read_text() + "\n// ---- " + MMA + "\n"
+    return ((CUDA_DIR / COMMON).read_text() + "\n// ---- " + MMA + "\n"
             + (CUDA_DIR / MMA).read_text() + "\n// ---- " + PIPE + "\n"
             + (CUDA_DIR / PIPE).read_text())
 

@@ -166,19 +166,17 @@ def split_bound(n: int = 1) -> int:
 # H200 runs of session 5 (bench/RESULTS.md, "tensor-core skinny GEMM"): its time is nearly flat in
 # N (t(8)/t(1) 1.03-1.2) while gemv_cuda's grows 1.5x at N = 2 and 2.5-3.2x at N = 8. Q4_K / Q5_K
 # tie at N = 2, IQ4_XS at N = 3; Q6_K measured a win at N = 8 (loss at 4); Q8_0 ties at 8 and wins at
-# 16 (above 8 gemv_cuda launches twice). The 27B's captured verify block takes 12.80 ms at M = 5
-# with it (session 10) vs 15.92 without (session 9), and forced 80 % acceptance with k = 4 decodes
-# 1.79x plain. OFF by default since session 10 (TIGHTFIT_GEMV_MMA=1 turns it on): with it, two
-# batched prefills of one prompt on the seed-mix 27B differ by 12 % (relative L2 of the logits) and
-# plain greedy decoding is not repeatable (bench/spec_exact.py, bench/spec.py "first diff", RESULTS
-# session 10); without it both are bitwise repeatable. Cause (measured): its split tiles were
+# 16 (above 8 gemv_cuda launches twice). ON by default (TIGHTFIT_GEMV_MMA=0 turns it off). History:
+# session 10 made it opt-in because two batched prefills of one prompt on the seed-mix 27B differed
+# by 12 % (relative L2 of the logits) with it. Cause (measured, session 11): its split tiles were
 # summed with atomics (~1e-7 run to run), and the model amplifies a 1e-7 change (blk.0.attn_norm
 # scaled by 1 + 1e-7) into 1.38e-1 relative L2 of the logits on the GPU (bench/spec_exact.py
-# --perturb 1e-7, 2026-11-30), while every routed call of a prefill checked in place matched
-# gemv_cuda to <= 2.6e-7 (bench/mma_bisect.py): the atomics' order amplified, not a kernel bug.
-# The kernel now sums split tiles in a fixed order (deterministic stream-K fixup, gemv_mma.py), so
-# it is bitwise repeatable by construction; the route stays opt-in until that is confirmed on the
-# H200 (tests/test_gemv_mma_device.py test_device_bitwise_repeatable, bench/spec_exact.py).
+# --perturb 1e-7), while every routed call of a prefill checked in place matched gemv_cuda to
+# <= 2.6e-7 (bench/mma_bisect.py): the atomics' order amplified, not a kernel bug. The kernel now
+# sums split tiles in a fixed order (deterministic stream-K fixup, gemv_mma.py): bitwise repeatable
+# (tests/test_gemv_mma_device.py; two prefills identical on the 27B, bench/spec_exact.py). Cost of
+# that order: the 27B's captured verify block at M = 5 takes 14.86 ms with it, 12.80 with the
+# atomics (session 10), 16.27 without the kernel (session 11, bench/RESULTS.md).
 # The decode step (N = 1) never routes here.
 MMA_MIN_N = {12: 3, 13: 3, 23: 4, 14: 8, 8: 9}
 # Q6_K on the cp.async-pipelined kernel (gemv_mma_pipe, its default since session 10): at N = 5
@@ -198,7 +196,7 @@ def mma_min_n(qtype: int) -> int | None:
 
 
 def _mma_on() -> bool:
-    return os.environ.get("TIGHTFIT_GEMV_MMA", "0").strip() not in ("", "0", "off", "false", "no")
+    return os.environ.get("TIGHTFIT_GEMV_MMA", "1").strip() not in ("", "0", "off", "false", "no")
 
 
 def mma_routed(qtype: int, n: int, w: torch.Tensor) -> bool:

@@ -266,12 +266,6 @@ template <class M, int NT, int RT = 1> struct tf_mma_u {
 // Host and device (the g++ harness runs these; gemv_mma.fixup_plan mirrors them in Python).
 // Items = (tile group, step); warp w of nw takes items [tf_mma_start(w), tf_mma_start(w + 1)).
 #define TF_MMA_SLOT_FLOATS 8      // fixup slot floats per lane: max NT * RT * 4 over the kernels
-#ifndef TF_MMA_FIXUP_MID
-#define TF_MMA_FIXUP_MID 0      // gemv_mma.py defines it 1 for TIGHTFIT_MMA_FIXUP=mid
-#endif
-#ifndef TF_MMA_REDUCE_BATCH
-#define TF_MMA_REDUCE_BATCH 1   // TIGHTFIT_MMA_REDUCE_BATCH (1, 2 or 4)
-#endif
 TF_DEV int64_t tf_mma_start(int64_t items, int64_t nw, int64_t w) { return items * w / nw; }
 // Owner of item i: the largest w with start(w) <= i, i.e. items * w < (i + 1) * nw (never empty).
 TF_DEV int64_t tf_mma_owner(int64_t items, int64_t nw, int64_t i) { return ((i + 1) * nw - 1) / items; }
@@ -477,20 +471,21 @@ TF_DEV void tf_mma_flush(float* __restrict__ y, int n_out, int ncols, int row0, 
 //        of its item range, slot 1 = its piece of the LAST one (when different). Float f of lane l
 //        at [f][l] (coalesced stores; every warp has the same fragment layout, so lane l of the
 //        reducer reads the same positions of every slot). f = (rt * NT + T) * 4 + i of acc.
-// Protocol (the arrivals wait for the END of the warp's item range, so no warp stalls on a memory
-// fence in the middle of its stream of weight loads; measured on the 27B verify block at M = 5:
-// a fence + arrival at every split group cost 14.76 vs 12.80 ms with atomics, session 11):
-//   1. a warp that finishes tile group tg without covering it whole stores its acc to its slot
-//      (L2 stores, __stcg) and goes on;
-//   2. at the end of its range it arrives at each group it left partial (at most two: its first
-//      and its last): __syncwarp() (the lanes' slot stores happen before ...), lane 0 issues
-//      fence.acq_rel.gpu and a relaxed atom.add on each cnt[tg] (... this release pattern; both
-//      atomics in flight together), and broadcasts the old counts;
-//   3. P = the number of warps with items in tg (tf_mma_pieces); old == P - 1: this warp is last:
-//      fence.acq_rel.gpu (acquire), then it loads the P slots (L2 loads, __ldcg; four pieces' loads
-//      in flight at once) and sums them in ascending warp order, stores the sum plainly and resets
-//      cnt[tg] = 0 for the next launch / graph replay.
+// Protocol of a warp that finishes tile group tg without covering it whole:
+//   1. every lane stores its acc to its slot (L2 stores, __stcg), __syncwarp() (the stores happen
+//      before ...);
+//   2. lane 0: fence.acq_rel.gpu + relaxed atom.add on cnt[tg] (... this release pattern), and
+//      broadcasts the old count;
+//   3. P = the number of warps with items in tg (tf_mma_pieces); old != P - 1: done (not last);
+//   4. last: fence.acq_rel.gpu (acquire), then sum the P slots (L2 loads, __ldcg) in ascending
+//      warp order, store the sum plainly, and reset cnt[tg] = 0 for the next launch / replay.
 // The result is the same fixed-order sum whoever arrives last (bitwise repeatable).
+// Cost (the 27B's verify block at M = 5, session 11): 14.86 ms against 12.80 with the atomics
+// (+0.2 us per split group and the last warp's serial L2 loads: P ~ 1 + warps / tile groups,
+// ~7 on the FFN down matrix). Deferring every arrival to the end of the warp's range measured
+// slower (15.70 ms: two reductions in every tail), issuing two pieces' loads at once spilled
+// 20-200 bytes per kernel at the 128-register cap, and fence.sc (__threadfence) instead of
+// acq_rel made no difference (14.76).
 // gemv_mma.fixup_plan mirrors these integer formulas on the host (tests/test_gemv_mma.py).
 
 // lane 0's arrival at a split tile group: the old count (relaxed: the caller's fence.acq_rel
@@ -514,64 +509,36 @@ TF_DEV void tf_mma_reduce(float* __restrict__ y, int n_out, int ncols, int tg, i
   const int64_t a = (int64_t)tg * spt;
   const int P = tf_mma_pieces(items, nw, spt, a);
   const int64_t wf = tf_mma_owner(items, nw, a);
-  constexpr int F = RT * NT * 4;                             // floats per lane and piece
-  // pieces whose loads are issued together: 2 or 4 cost 20-200 spilled bytes per kernel at the
-  // 128-register cap (ptxas allocates the cold tail with the step loop), so one at a time
-  constexpr int B = TF_MMA_REDUCE_BATCH;
-  for (int k0 = 0; k0 < P; k0 += B) {                        // ascending warp order
-    float v[B][F];
+  for (int k = 0; k < P; ++k) {                              // ascending warp order
+    const int64_t v = tf_mma_piece(items, nw, a, wf, k);
+    const float* p = part + (v * 2 + (k == 0 ? tf_mma_slot(items, nw, a, v) : 0)) * SLOT + lane;
 #pragma unroll
-    for (int j = 0; j < B; ++j) {
-      if (k0 + j < P) {
-        const int k = k0 + j;
-        const int64_t w = tf_mma_piece(items, nw, a, wf, k);
-        const float* p = part + (w * 2 + (k == 0 ? tf_mma_slot(items, nw, a, w) : 0)) * SLOT + lane;
+    for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-        for (int f = 0; f < F; ++f) v[j][f] = __ldcg(p + f * 32);   // L2, not a stale L1 line
-      }
-    }
+      for (int T = 0; T < NT; ++T)
 #pragma unroll
-    for (int j = 0; j < B; ++j) {
-      if (k0 + j < P) {
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-          for (int T = 0; T < NT; ++T)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {    // piece 0 as stored, then the others in order
-              const float x = v[j][(rt * NT + T) * 4 + i];
-              acc[rt][T][i] = k0 + j == 0 ? x : acc[rt][T][i] + x;
-            }
-      }
-    }
+        for (int i = 0; i < 4; ++i) {
+          const float x = __ldcg(p + ((rt * NT + T) * 4 + i) * 32);   // L2, not a stale L1 line
+          acc[rt][T][i] = k == 0 ? x : acc[rt][T][i] + x;    // piece 0 as stored, then in order
+        }
   }
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt) tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, acc[rt]);
   if (lane == 0) cnt[tg] = 0;         // all P pieces arrived: nobody else touches it this launch
 }
 
-// A warp's tile group tg is done (`last`: the final group of its item range): plain store when it
-// covered the whole group, else its piece goes to its slot; at the range's end the arrivals of
-// step 2 above. Inline on purpose: as a __noinline__ call the ABI's saved registers cost spills
+// A warp's tile group tg is done: plain store when it covered the whole group, else the fixup
+// protocol above. Inline on purpose: as a __noinline__ call the ABI's saved registers cost spills
 // in the hot loop; here the cold branch reuses the step's dead decode registers. The split is
 // recomputed from kernel parameters and special registers rather than kept live across the loop.
 template <int RT, int NT>
 TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, int g, int t,
-                          bool whole, bool last, int spt, int* cnt, float* part,
-                          float (&acc)[RT][NT][4]) {
+                          bool whole, int spt, int* cnt, float* part, float (&acc)[RT][NT][4]) {
   static_assert(RT * NT * 4 <= TF_MMA_SLOT_FLOATS, "slot too small for this accumulator");
   constexpr int SLOT = TF_MMA_SLOT_FLOATS * 32;
-#if TF_MMA_FIXUP_MID
-  // variant (TIGHTFIT_MMA_FIXUP=mid, a measurement switch): arrive at each split group as soon as
-  // it is done, mid-stream, instead of at the end of the range
-  if (whole) {
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
-      tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, acc[rt]);
-    return;
-  }
-  {
+  if (!whole) {
     const int lane = 4 * g + t;
+    // volatile reads: ptxas must not keep the kernel's own nw / gw live across the step loop
     uint32_t cta, ncta, tid;
     asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
     asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(ncta));
@@ -579,7 +546,8 @@ TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, i
     const int64_t items = (int64_t)((n_out + 16 * RT - 1) / (16 * RT)) * spt;
     const int64_t nw = (int64_t)ncta * TF_MMA_WARPS;
     const int64_t gw = (int64_t)cta * TF_MMA_WARPS + (tid >> 5);
-    float* mine = part + (gw * 2 + tf_mma_slot(items, nw, (int64_t)tg * spt, gw)) * SLOT + lane;
+    const int64_t a = (int64_t)tg * spt;
+    float* mine = part + (gw * 2 + tf_mma_slot(items, nw, a, gw)) * SLOT + lane;
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
@@ -587,66 +555,20 @@ TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, i
 #pragma unroll
         for (int i = 0; i < 4; ++i) __stcg(mine + ((rt * NT + T) * 4 + i) * 32, acc[rt][T][i]);
     __syncwarp();
-    int o = 0;
+    int old = 0;
     if (lane == 0) {
       tf_mma_fence();
-      o = tf_mma_arrive(cnt + tg);
+      old = tf_mma_arrive(cnt + tg);
     }
-    o = __shfl_sync(0xffffffffu, o, 0);
-    if (o != tf_mma_pieces(items, nw, spt, (int64_t)tg * spt) - 1) return;
-    if (lane == 0) tf_mma_fence();
+    old = __shfl_sync(0xffffffffu, old, 0);
+    if (old != tf_mma_pieces(items, nw, spt, a) - 1) return;   // warp-uniform: not the last
+    if (lane == 0) tf_mma_fence();          // acquire: the other pieces' slot stores are visible
     __syncwarp();
     tf_mma_reduce<RT, NT>(y, n_out, ncols, tg, g, t, items, nw, spt, cnt, part, acc);
     return;
   }
-#endif
-  if (whole) {
 #pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
-      tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, acc[rt]);
-    if (!last) return;
-  }
-  const int lane = 4 * g + t;
-  // volatile reads: ptxas must not keep the kernel's own nw / gw live across the step loop
-  uint32_t cta, ncta, tid;
-  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
-  asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(ncta));
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-  const int64_t items = (int64_t)((n_out + 16 * RT - 1) / (16 * RT)) * spt;
-  const int64_t nw = (int64_t)ncta * TF_MMA_WARPS;
-  const int64_t gw = (int64_t)cta * TF_MMA_WARPS + (tid >> 5);
-  if (!whole) {
-    float* mine = part + (gw * 2 + tf_mma_slot(items, nw, (int64_t)tg * spt, gw)) * SLOT + lane;
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-      for (int T = 0; T < NT; ++T)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) __stcg(mine + ((rt * NT + T) * 4 + i) * 32, acc[rt][T][i]);
-    if (!last) return;                 // the range's first group: it arrives at the range's end
-  }
-  // the end of the range: the first group is pending when the range started inside it and it is
-  // not this (last) group; this group when it was not covered whole
-  const int64_t start = tf_mma_start(items, nw, gw);
-  const int ftg = (int)(start / spt);
-  const bool first = (start % spt) != 0 && ftg != tg;
-  if (!first && whole) return;
-  __syncwarp();
-  int o1 = 0, o2 = 0;
-  if (lane == 0) {                      // one fence, both atomics in flight together
-    tf_mma_fence();
-    if (first) o1 = tf_mma_arrive(cnt + ftg);
-    if (!whole) o2 = tf_mma_arrive(cnt + tg);
-  }
-  o1 = __shfl_sync(0xffffffffu, o1, 0);
-  o2 = __shfl_sync(0xffffffffu, o2, 0);
-  const bool r1 = first && o1 == tf_mma_pieces(items, nw, spt, (int64_t)ftg * spt) - 1;
-  const bool r2 = !whole && o2 == tf_mma_pieces(items, nw, spt, (int64_t)tg * spt) - 1;
-  if (!r1 && !r2) return;               // warp-uniform: another warp sums both groups
-  if (lane == 0) tf_mma_fence();        // acquire: the other pieces' slot stores are visible
-  __syncwarp();
-  if (r1) tf_mma_reduce<RT, NT>(y, n_out, ncols, ftg, g, t, items, nw, spt, cnt, part, acc);
-  if (r2) tf_mma_reduce<RT, NT>(y, n_out, ncols, tg, g, t, items, nw, spt, cnt, part, acc);
+  for (int rt = 0; rt < RT; ++rt) tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, acc[rt]);
 }
 
 // tf_mma: one 16-row tile per warp (the default; kept apart from tf_mma_rt's general form, with
@@ -715,8 +637,7 @@ tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float
       for (int u = 0; u < U; ++u)
         if (b + u < nb) tf_mma_block<M, NT, 1>(r0[u], r1[u], t, b + u, xq, xd, xs16, xo, co, acc);
     }
-    tf_mma_finish<1, NT>(y, n_out, ncols, tile, g, t, s0 == 0 && s1 == spt,
-                         it + (s1 - s0) >= iend, spt, cnt, part,
+    tf_mma_finish<1, NT>(y, n_out, ncols, tile, g, t, s0 == 0 && s1 == spt, spt, cnt, part,
                          acc);
     it += s1 - s0;
   }
@@ -798,8 +719,7 @@ tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
       for (int u = 0; u < U; ++u)
         if (b + u < nb) tf_mma_block<M, NT, RT>(r0[u], r1[u], t, b + u, xq, xd, xs16, xo, co, acc);
     }
-    tf_mma_finish<RT, NT>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt,
-                          it + (s1 - s0) >= iend, spt, cnt, part,
+    tf_mma_finish<RT, NT>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt, spt, cnt, part,
                           acc);
     it += s1 - s0;
   }

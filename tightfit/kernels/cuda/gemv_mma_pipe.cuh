@@ -158,8 +158,7 @@ tf_mma_pipe(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const 
       __syncwarp();
       stage = stage + 1 == NST ? 0 : stage + 1;
     }
-    tf_mma_finish<RT, 1>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt,
-                         it + (s1 - s0) >= iend, spt, cnt, part,
+    tf_mma_finish<RT, 1>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt, spt, cnt, part,
                          acc);
     it += s1 - s0;
   }
