@@ -12,6 +12,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from tightfit.kernels import cpu_gemv as G
 from tightfit.kernels import cpu_gemv_avx512 as A
+from tightfit.kernels import cpu_gemv_avx512_loop as AV
 from tightfit.kernels import cpu_gemv_kern as K
 
 NAMES = ["IQ4_XS", "Q4_K", "Q5_K", "Q6_K"]
@@ -343,3 +344,85 @@ def test_prefetch_l2_env_and_packing(monkeypatch):
             A._prefetch_l2_env()
     with pytest.raises(ValueError):
         A.prefetch_arg(-1, 0)
+
+
+# ---- the vector-epilogue row loop (cpu_gemv_avx512_loop): the default AVX-512 host kernel
+@needs_avx512
+@pytest.mark.parametrize("name", NAMES)
+def test_vector_epilogue_exact_and_next_to_the_scalar_form(name):
+    """gemv_avx512v: within 1e-5 of float64 on the int8 activations (relative to |x|.|W|), within
+    fp32 rounding of the scalar form whose integers test_exact_on_int8_activations... checks bit
+    for bit (the same _block_cols IR), and every activation row bit-identical alone or batched."""
+    rng = np.random.default_rng(60)
+    rows, k = 41, 1280
+    raw = blocks(rng, name, rows, k)
+    for batch in (1, 2, 5, 9):
+        xq, xd, xs = quantized(rng.standard_normal((batch, k)).astype(np.float32))
+        got = run(AV.gemv_avx512v, name, raw, xq, xd, xs)
+        want, scale = exact(raw, name, xq, xd)
+        assert np.max(np.abs(got - want) / scale) < 1e-5
+        scalar = run(A.gemv_avx512, name, raw, xq, xd, xs)
+        assert np.max(np.abs(got - scalar) / scale) < 1e-6
+        for b in range(batch):
+            one = run(AV.gemv_avx512v, name, raw, xq[b:b + 1].copy(), xd[b:b + 1].copy(),
+                      xs[b:b + 1].copy())
+            np.testing.assert_array_equal(got[b:b + 1], one, err_msg=f"{name} B={batch} row {b}")
+
+
+@needs_avx512
+@pytest.mark.parametrize("name", NAMES)
+def test_vector_epilogue_extremes(name):
+    """Largest codes and scales, x = +-127 everywhere: the int32 lanes converted to fp32 (exact
+    below 2^24) still give the float64 result within 1e-5."""
+    rng = np.random.default_rng(61)
+    rows, k = 7, 768
+    raw = blocks(rng, name, rows, k)
+    b = raw.reshape(rows, -1, GGML_QUANT_SIZES[T[name]][1])
+    if name == "IQ4_XS":
+        b[:, :, 2:8] = 0x00
+        b[:, :, 8:] = 0x00
+        b[:, 1::2, 8:] = 0xFF
+    elif name == "Q6_K":
+        b[:, :, 0:192] = 0xFF
+        b[:, :, 192:208] = 0x80
+    else:
+        b[:, :, 4:16] = 0xFF
+        b[:, :, 16:] = 0xFF
+    x = np.where(rng.random((3, k)) < 0.5, -1.0, 1.0).astype(np.float32)
+    x[1] = 1.0
+    xq, xd, xs = quantized(x)
+    got = run(AV.gemv_avx512v, name, raw, xq, xd, xs)
+    want, scale = exact(raw, name, xq, xd)
+    assert np.max(np.abs(got - want) / scale) < 1e-5
+
+
+@needs_avx512
+@pytest.mark.parametrize("batch", [1, 5])
+def test_vector_group_kernel_equals_per_matrix(batch):
+    """gemv_avx512v_group with Group's chunk plan: each matrix's columns bit-identical to
+    gemv_avx512v on that matrix alone."""
+    rng = np.random.default_rng(62 + batch)
+    k = 512
+    mats = [(blocks(rng, n, r, k), T[n]) for n, r in
+            (("IQ4_XS", 301), ("Q4_K", 37), ("Q5_K", 1), ("Q6_K", 53))]
+    grp = G.Group(mats)
+    ws, qts, cols, cm, c0, c1 = grp._plan(tuple(range(len(mats))))
+    xq, xd, xs = quantized(rng.standard_normal((batch, k)).astype(np.float32))
+    ssc = G.per_thread(G._POOL, 16, np.int16)
+    y = np.full((batch, grp.n_out), np.nan, np.float32)
+    AV.gemv_avx512v_group(ws, qts, cols, cm, c0, c1, xq, xd, xs, y, G._F16, ssc)
+    for (a, b), (w, qt) in zip(grp.spans, mats):
+        np.testing.assert_array_equal(y[:, a:b], run(AV.gemv_avx512v, qt.name, w, xq, xd, xs))
+
+
+def test_epilogue_switch(monkeypatch):
+    """TIGHTFIT_CPU_EPILOGUE picks the kernel pair; anything else is refused with a clear error."""
+    monkeypatch.setenv("TIGHTFIT_CPU_EPILOGUE", "scalar")
+    assert G._epilogue_env() == "scalar"
+    monkeypatch.setenv("TIGHTFIT_CPU_EPILOGUE", "vector")
+    assert G._epilogue_env() == "vector"
+    monkeypatch.setenv("TIGHTFIT_CPU_EPILOGUE", "fast")
+    with pytest.raises(ValueError, match="TIGHTFIT_CPU_EPILOGUE"):
+        G._epilogue_env()
+    if A.ENABLED and G._VEC:
+        assert G._SIMD_ONE is AV.gemv_avx512v and G._SIMD_GRP is AV.gemv_avx512v_group

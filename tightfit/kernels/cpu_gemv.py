@@ -33,12 +33,26 @@ from numba import njit, prange
 from tightfit.kernels import cpu_gemv_kern as _K
 from tightfit.kernels import cpu_gemv_ternary as _T
 from tightfit.kernels import cpu_gemv_avx512 as _A
+from tightfit.kernels import cpu_gemv_avx512_loop as _AV
 from tightfit.kernels import cpu_gemv_lowbit as _L
 
+
+def _epilogue_env() -> str:
+    """TIGHTFIT_CPU_EPILOGUE: 'vector' (default: the row loop in IR, block factors applied to the
+    int32 lanes, cpu_gemv_avx512_loop; 1.17-1.39x one thread in cache, session 11) or 'scalar'
+    (cpu_gemv_avx512's per-block integer and scalar fp32, bit-identical to the AVX2 kernel)."""
+    v = os.environ.get("TIGHTFIT_CPU_EPILOGUE", "vector").strip() or "vector"
+    if v not in ("vector", "scalar"):
+        raise ValueError(f"TIGHTFIT_CPU_EPILOGUE={v!r}: expected 'vector' or 'scalar'")
+    return v
+
+
+_VEC = _epilogue_env() == "vector"
 #: AVX-512 VNNI twins of gemv_simd / gemv_simd_group where the host has avx512f/bw/vnni (2-3x the
 #: AVX2 kernels per thread on Zen 4); TIGHTFIT_CPU_AVX512=0 keeps the AVX2 ones
-_SIMD_ONE = _A.gemv_avx512 if _A.ENABLED else _K.gemv_simd
-_SIMD_GRP = _A.gemv_avx512_group if _A.ENABLED else _K.gemv_simd_group
+_SIMD_ONE = (_AV.gemv_avx512v if _VEC else _A.gemv_avx512) if _A.ENABLED else _K.gemv_simd
+_SIMD_GRP = (_AV.gemv_avx512v_group if _VEC else _A.gemv_avx512_group) if _A.ENABLED \
+    else _K.gemv_simd_group
 
 # ggml type ids (spec/quant-formats.md §1)
 F32, F16, Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS = 0, 1, 2, 8, 10, 11, 12, 13, 14, 20, 23
