@@ -168,6 +168,49 @@ def test_chosen_splits_everywhere(small):
     _compare(exe, ref, seed=20, n_prompt=5, n_decode=2)
 
 
+def test_batched_host_rows_grouped_per_input(small, monkeypatch):
+    """In the batched forward (prefill chunks, speculative verify blocks) the host rows of matrices
+    that read the same x run as ONE CPU call per input (placed.HostGroup), like the step: a
+    4-token block with ffn_gate / ffn_up / attn_qkv split makes one group call per (layer, input),
+    its logits bit-identical to computing each matrix's host rows on its own."""
+    import tightfit.model.placed as P
+    from tightfit.model.placed import replace_host_rows
+    path, mf, ref = small
+    inv, full = _full(path)
+    rows = {}
+    for il in range(4):
+        for k in ("ffn_gate", "ffn_up", "attn_qkv", "attn_gate"):
+            t = inv.tensors.get(f"blk.{il}.{k}.weight")
+            if t is not None:
+                rows[t.name] = t.n_rows // SPLIT_ROW_QUANTUM // 2 * SPLIT_ROW_QUANTUM or \
+                    SPLIT_ROW_QUANTUM
+    exe = _exe(mf, replace_host_rows(full, rows))
+    calls = []
+    real = P.HostGroup.gemv
+
+    def counted(self, x, out=None):
+        calls.append(tuple(h.name for h in self.rows))
+        return real(self, x, out)
+    monkeypatch.setattr(P.HostGroup, "gemv", counted)
+    prompt = [3, 9, 27, 81]
+    gs = exe.new_state(CTX)
+    grouped = exe.forward(prompt, gs, logits="all").detach().clone()
+    n_groups = len(calls)
+    # the same block with every matrix's host rows alone (the pre-session-11 path)
+    B = exe.batcher()
+    monkeypatch.setattr(type(B), "lin_many", lambda self, x, names: [self.lin(x, n) for n in names])
+    gs2 = exe.new_state(CTX)
+    alone = exe.forward(prompt, gs2, logits="all")
+    assert torch.equal(grouped, alone)
+    ffn = {c for c in calls[:n_groups] if any(".ffn_gate." in n for n in c)}
+    mix = {c for c in calls[:n_groups] if any(".attn_qkv." in n for n in c)}
+    assert all(len(c) == 2 for c in ffn | mix), calls
+    assert len(ffn) == 4 and len(mix) == sum(1 for il in range(4)
+                                             if f"blk.{il}.attn_qkv.weight" in rows)
+    rs = ref.new_state(CTX)
+    _close(grouped, ref.forward(prompt, rs, logits="all"))
+
+
 def _assert_refused(mf, plan, monkeypatch, match):
     """Construction fails with PlacementError before the arena is allocated (so before any
     token could run)."""

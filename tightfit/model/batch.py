@@ -230,6 +230,11 @@ class BatchForward:
             return self.lin_split(x, name, H)
         return self.lin_gpu(x, self.m.lin[name])
 
+    def lin_many(self, x: torch.Tensor, names: Sequence[str]) -> list[torch.Tensor]:
+        """[x . W^T for each of `names`] (matrices that read the same x); placed.PlacedBatch
+        overrides it to compute their host rows in one CPU call."""
+        return [self.lin(x, n) for n in names]
+
     def lin_split(self, x: torch.Tensor, name: str, H: Any) -> torch.Tensor:
         """A matrix whose rows [H.row_start, H.row_end) live on the host (placed.HostRows). For
         M >= ring_min_m tokens the host rows stream through the HostRowRing and are multiplied
@@ -278,10 +283,8 @@ class BatchForward:
         n = xn.shape[0]
         Hk, Hv, S, K = c.ssm_k_heads, c.ssm_v_heads, c.ssm_state, c.ssm_conv_kernel
         slot = st.rec_slot[il]
-        u = self.lin(xn, p + "attn_qkv.weight")
-        z = self.lin(xn, p + "attn_gate.weight")
-        beta_raw = self.lin(xn, p + "ssm_beta.weight")
-        alpha = self.lin(xn, p + "ssm_alpha.weight")
+        u, z, beta_raw, alpha = self.lin_many(xn, [p + "attn_qkv.weight", p + "attn_gate.weight",
+                                                    p + "ssm_beta.weight", p + "ssm_alpha.weight"])
         y, hist = GC.causal_conv(u, st.conv[a, slot], v[p + "ssm_conv1d.weight"])
         q, k, vv, g, beta = GC.gdn_inputs(y, alpha, beta_raw, v[p + "ssm_dt.bias"], v[p + "ssm_a"],
                                           Hk, Hv, S, c.rms_eps)
@@ -302,9 +305,7 @@ class BatchForward:
         n = xn.shape[0]
         H, D = c.n_head, c.head_dim
         s = st.attn_slot[il]
-        qg = self.lin(xn, p + "attn_q.weight")
-        k = self.lin(xn, p + "attn_k.weight")
-        vv = self.lin(xn, p + "attn_v.weight")
+        qg, k, vv = self.lin_many(xn, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
         kvt = getattr(st, "kv_type", None)
         q = AP.qk_prep_block(qg, k, vv, v[p + "attn_q_norm.weight"], v[p + "attn_k_norm.weight"],
                              self.m.cos, self.m.sin, st.k[s], st.v[s], p0, c.rms_eps, kvt)
@@ -316,8 +317,7 @@ class BatchForward:
 
     def _ffn(self, il: int, h: torch.Tensor) -> torch.Tensor:
         p = f"blk.{il}."
-        g = self.lin(h, p + "ffn_gate.weight")
-        u = self.lin(h, p + "ffn_up.weight")
+        g, u = self.lin_many(h, [p + "ffn_gate.weight", p + "ffn_up.weight"])
         return self.lin(F.silu(g) * u, p + "ffn_down.weight")
 
     # ---- one chunk ----------------------------------------------------------------------------

@@ -381,6 +381,7 @@ def placed_batch(model: Any, chunk: int | None = None):
         def __init__(self, m: Any, chunk: int | None = None):
             super().__init__(m, chunk=chunk)
             self._io = PinnedIO() if m.device.type == "cuda" else None
+            self._groups: dict = {}        # host names -> HostGroup (one CPU call each)
 
         def lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
             H = self.m.hostw.get(name)
@@ -392,5 +393,34 @@ def placed_batch(model: Any, chunk: int | None = None):
                 ev.synchronize()
             y_host = torch.from_numpy(H.gemv(xh)).to(x.device)
             return y_host if y_gpu is None else torch.cat([y_gpu, y_host], 1)
+
+        def lin_many(self, x: torch.Tensor, names) -> list:
+            """Matrices that read the same x: x crosses to the host once, every device part is
+            launched, then ONE CPU call (HostGroup, rows of all of them balanced over the threads;
+            each row bit-identical to its matrix's own call) computes their host rows while the
+            device parts run, and one copy brings them back (the step does the same:
+            executor._linears). A speculative verify block or prefill chunk made one host call
+            and one x copy per matrix before (session 11: 3.4 plain steps per k = 1 round)."""
+            host = tuple(n for n in names if n in self.m.hostw)
+            if len(host) < 2:
+                return [self.lin(x, n) for n in names]
+            xh, ev = to_host_async(x.float().contiguous(), self._io, ("bx", host))
+            dev = {n: (super(PlacedBatch, self).lin(x, n) if n in self.m.lin else None)
+                   for n in names}
+            if ev is not None:
+                ev.synchronize()
+            G = self._groups.get(host)
+            if G is None:
+                G = self._groups[host] = HostGroup([self.m.hostw[n] for n in host])
+            yh = torch.from_numpy(G.gemv(xh).reshape(x.shape[0], -1)).to(x.device)
+            spans = dict(zip(host, G.spans))
+            out = []
+            for n in names:
+                if n not in spans:
+                    out.append(dev[n])
+                    continue
+                a, b = spans[n]
+                out.append(yh[:, a:b] if dev[n] is None else torch.cat([dev[n], yh[:, a:b]], 1))
+            return out
 
     return PlacedBatch(model, chunk=chunk)
