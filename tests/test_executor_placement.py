@@ -211,6 +211,34 @@ def test_batched_host_rows_grouped_per_input(small, monkeypatch):
     _close(grouped, ref.forward(prompt, rs, logits="all"))
 
 
+def test_placed_prefill_through_the_ring(small, monkeypatch):
+    """TIGHTFIT_PLACED_RING=1: a placed model's blocks of >= ring_min_m tokens send the host rows
+    of split matrices to the device through the host-row ring (here the CPU's synchronous form of
+    the same piece loop) instead of multiplying them on the CPU: logits of every row against the
+    reference, and the ring really carried them (pieces counted)."""
+    from tightfit.model.placed import replace_host_rows
+    path, mf, ref = small
+    inv, full = _full(path)
+    rows = {}
+    for il in range(4):
+        for k in ("ffn_gate", "ffn_up", "ffn_down"):
+            t = inv.tensors[f"blk.{il}.{k}.weight"]
+            rows[t.name] = t.n_rows // SPLIT_ROW_QUANTUM // 2 * SPLIT_ROW_QUANTUM
+    rows["blk.2.ffn_up.weight"] = inv.tensors["blk.2.ffn_up.weight"].n_rows   # wholly on the host
+    exe = _exe(mf, replace_host_rows(full, rows))
+    monkeypatch.setenv("TIGHTFIT_PLACED_RING", "1")
+    B = exe.batcher()
+    B.ring_min_m = 8
+    prompt = np.random.default_rng(4).integers(0, ref.config.n_vocab, 12).tolist()
+    gs, rs = exe.new_state(CTX), ref.new_state(CTX)
+    _close(exe.forward(prompt, gs, logits="all"), ref.forward(prompt, rs, logits="all"))
+    assert B.ring is not None and B.ring.pieces >= 12        # 3 host matrices x 4 layers
+    monkeypatch.setenv("TIGHTFIT_PLACED_RING", "0")           # the CPU path: no further pieces
+    n = B.ring.pieces
+    exe.forward(prompt, exe.new_state(CTX), logits="last")
+    assert B.ring.pieces == n
+
+
 def _assert_refused(mf, plan, monkeypatch, match):
     """Construction fails with PlacementError before the arena is allocated (so before any
     token could run)."""

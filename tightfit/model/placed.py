@@ -383,10 +383,20 @@ def placed_batch(model: Any, chunk: int | None = None):
             self._io = PinnedIO() if m.device.type == "cuda" else None
             self._groups: dict = {}        # host names -> HostGroup (one CPU call each)
 
+        def _streams(self, x: torch.Tensor) -> bool:
+            """Whether this block's host rows go to the device through the host-row ring
+            (BatchForward.lin_split, priced by the plan's ring line) instead of the CPU: blocks of
+            >= ring_min_m tokens with TIGHTFIT_PLACED_RING=1. Off by default until measured on the
+            device (the CPU's cost grows with the block's rows, the ring's does not)."""
+            return x.shape[0] >= self.ring_min_m and \
+                os.environ.get("TIGHTFIT_PLACED_RING", "0").strip() not in ("", "0", "off", "no")
+
         def lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
             H = self.m.hostw.get(name)
             if H is None:
                 return super().lin(x, name)
+            if self._streams(x):
+                return self.lin_split(x, name, H)
             xh, ev = to_host_async(x.float().contiguous(), self._io, ("bx", name))
             y_gpu = super().lin(x, name) if name in self.m.lin else None
             if ev is not None:
@@ -402,7 +412,7 @@ def placed_batch(model: Any, chunk: int | None = None):
             executor._linears). A speculative verify block or prefill chunk made one host call
             and one x copy per matrix before (session 11: 3.4 plain steps per k = 1 round)."""
             host = tuple(n for n in names if n in self.m.hostw)
-            if len(host) < 2:
+            if len(host) < 2 or self._streams(x):
                 return [self.lin(x, n) for n in names]
             xh, ev = to_host_async(x.float().contiguous(), self._io, ("bx", host))
             dev = {n: (super(PlacedBatch, self).lin(x, n) if n in self.m.lin else None)
