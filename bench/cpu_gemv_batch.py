@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,2,4,5,8")
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--kernels", default="vector,scalar")
+    ap.add_argument("--threads", type=int, default=None, help="default: numba's pool")
     a = ap.parse_args()
     kerns = {"vector": AV.gemv_avx512v, "scalar": A.gemv_avx512}
     if not A.available():
@@ -48,7 +49,7 @@ def main() -> None:
     from cpu_gemv import random_blocks  # bench/cpu_gemv.py (same folder)
     rng = np.random.default_rng(0)
     batches = [int(b) for b in a.batches.split(",")]
-    nt = numba.config.NUMBA_NUM_THREADS
+    nt = a.threads or numba.config.NUMBA_NUM_THREADS
     numba.set_num_threads(nt)
     numba.set_parallel_chunksize(max(16, a.rows // (8 * nt)))
     ssc = G.per_thread(G._POOL, 16, np.int16)
