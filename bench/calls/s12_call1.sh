@@ -2,7 +2,7 @@
 # Session 12, device call 1 (written in session 11, not run: that session's device time was spent).
 # Carry [".whl", ".tcache_in", ".fixtures"] (refresh .tcache_in from the newest /work/.device/N).
 # Issue 5: the host kernels' vector epilogue (cpu_gemv_avx512_loop, default since session 11;
-# 1.17-1.39x one thread in cache on the development host) against the scalar form, on the device
+# 1.04-1.39x one thread in cache on the development host) against the scalar form, on the device
 # host, where IQ4_XS / Q4_K / Q5_K ran compute-bound (82-94 GB/s vs Q6_K's 135):
 #  1. kernels per batch width, both forms (bench/cpu_gemv_batch.py);
 #  2. the 8 GiB placed decode, vector then scalar (roofline ratio: the issue's 0.80 bar);

@@ -39,7 +39,7 @@ from tightfit.kernels import cpu_gemv_lowbit as _L
 
 def _epilogue_env() -> str:
     """TIGHTFIT_CPU_EPILOGUE: 'vector' (default: the row loop in IR, block factors applied to the
-    int32 lanes, cpu_gemv_avx512_loop; 1.17-1.39x one thread in cache, session 11) or 'scalar'
+    int32 lanes, cpu_gemv_avx512_loop; 1.04-1.39x one thread in cache, session 11) or 'scalar'
     (cpu_gemv_avx512's per-block integer and scalar fp32, bit-identical to the AVX2 kernel)."""
     v = os.environ.get("TIGHTFIT_CPU_EPILOGUE", "vector").strip() or "vector"
     if v not in ("vector", "scalar"):
