@@ -303,11 +303,9 @@ def _reduce_many(builder, vs):
         half = per // 2
         lo = [g * per + k for g in range(n) for k in range(half)]
         hi = [g * per + half + k for g in range(n) for k in range(half)]
-        w = len(lo)
         v = builder.add(builder.shuffle_vector(v, v, _const(_I32, lo)),
                         builder.shuffle_vector(v, v, _const(_I32, hi)))
         per = half
-        assert w == n * per
     return [builder.extract_element(v, _ir.Constant(_I32, g)) for g in range(n)]
 
 

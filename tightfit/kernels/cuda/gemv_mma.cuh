@@ -481,8 +481,8 @@ TF_DEV void tf_mma_flush(float* __restrict__ y, int n_out, int ncols, int row0, 
 //      warp order, store the sum plainly, and reset cnt[tg] = 0 for the next launch / replay.
 // The result is the same fixed-order sum whoever arrives last (bitwise repeatable).
 // Cost (the 27B's verify block at M = 5, session 11): 14.86 ms against 12.80 with the atomics
-// (+0.2 us per split group and the last warp's serial L2 loads: P ~ 1 + warps / tile groups,
-// ~7 on the FFN down matrix). Deferring every arrival to the end of the warp's range measured
+// (each split group's arrival, a fence and an atomic round trip, and the last warp's P serial L2
+// loads: P ~ 1 + warps / tile groups, ~7 on the FFN down matrix). Deferring every arrival to the end of the warp's range measured
 // slower (15.70 ms: two reductions in every tail), issuing two pieces' loads at once spilled
 // 20-200 bytes per kernel at the 128-register cap, and fence.sc (__threadfence) instead of
 // acq_rel made no difference (14.76).
