@@ -13,6 +13,9 @@ from tightfit.quant.traits import traits
 class _FakeCuda:                                 # what mma_routed reads of a tensor
     is_cuda = True
 
+    class device:
+        index = 0
+
     @staticmethod
     def data_ptr():
         return 4096
@@ -33,11 +36,12 @@ def test_on_by_default_off_by_env_and_never_on_cpu(monkeypatch):
     """On by default again since session 11 (its split tiles are summed in a fixed order: two
     prefills of one prompt on the 27B are bitwise equal): the default and "1" route past the
     crossover; "0"/"off"/"" leave every product on gemv_cuda; CPU tensors and formats without a
-    decoder never route."""
+    decoder never route, nor devices below sm_80."""
     w = torch.zeros(1024, dtype=torch.uint8)
     monkeypatch.delenv("TIGHTFIT_GEMV_MMA", raising=False)
     assert R._mma_on()
     monkeypatch.setattr(gemv_mma, "available", lambda: True)
+    monkeypatch.setattr(gemv_mma, "capable", lambda dev: True)
     assert R.mma_routed(12, 8, _FakeCuda)        # the default: on
     for off in ("0", "off", ""):
         monkeypatch.setenv("TIGHTFIT_GEMV_MMA", off)
@@ -47,12 +51,15 @@ def test_on_by_default_off_by_env_and_never_on_cpu(monkeypatch):
     assert R.mma_routed(12, 8, _FakeCuda)        # a CUDA Q4_K at N = 8
     assert not R.mma_routed(12, 8, w)            # CPU tensor
     assert not R.mma_routed(2, 16, _FakeCuda)    # Q4_0: no tensor-core decoder
+    monkeypatch.setattr(gemv_mma, "capable", lambda dev: False)
+    assert not R.mma_routed(12, 8, _FakeCuda)    # below sm_80: no int8 mma.sync / cp.async
 
 
 def test_below_crossover_not_routed(monkeypatch):
     monkeypatch.setenv("TIGHTFIT_GEMV_MMA", "1")
     monkeypatch.delenv("TIGHTFIT_MMA_PIPE", raising=False)
     monkeypatch.setattr(gemv_mma, "available", lambda: True)
+    monkeypatch.setattr(gemv_mma, "capable", lambda dev: True)
     for t in R.MMA_MIN_N:
         n = R.mma_min_n(t)
         assert not R.mma_routed(t, n - 1, _FakeCuda)
@@ -99,6 +106,7 @@ def test_q6_k_crossover_follows_the_pipelined_kernel(monkeypatch):
     """Q6_K routes from N = 5 while its products run on the pipelined kernel (the default), from
     N = 8 when TIGHTFIT_MMA_PIPE=0 leaves it on tf_mma_rt; the others keep their crossover."""
     monkeypatch.setattr(gemv_mma, "available", lambda: True)
+    monkeypatch.setattr(gemv_mma, "capable", lambda dev: True)
     monkeypatch.setenv("TIGHTFIT_GEMV_MMA", "1")
     monkeypatch.delenv("TIGHTFIT_MMA_PIPE", raising=False)
     assert gemv_mma.pipe_default(14) and not gemv_mma.pipe_default(23)

@@ -107,6 +107,13 @@ def available() -> bool:
 
 
 @lru_cache(maxsize=None)
+def capable(device: int) -> bool:
+    """The device runs these kernels: sm_80+ (mma.sync m16n8k32 / m16n8k16 on int8, cp.async;
+    the fixup's fence.acq_rel and relaxed atomics need sm_70)."""
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+@lru_cache(maxsize=None)
 def _fmt_const(qtype: int, name: str) -> int:
     """A static constexpr int of a format struct (QK, BB, KS, NG, U), parsed from the header."""
     st = _formats()[int(qtype)]
@@ -612,7 +619,7 @@ def compile_report(arch: str = "sm_90", nvcc: str | None = None) -> list[dict]:
     return out
 
 
-__all__ = ["available", "supported", "gemv_mma", "prepare", "geometry", "kernel_names",
+__all__ = ["available", "capable", "supported", "gemv_mma", "prepare", "geometry", "kernel_names",
            "host_frag", "host_info", "compile_report", "source", "NTS", "RTS", "KERNELS", "step_blocks",
            "pipe_smem", "host_pipe_smem", "pipe_default", "PIPE_TYPES", "PIPE_NSTS",
            "fixup_workspace_bytes", "fixup_plan", "fixup_pieces", "fixup_counters",

@@ -201,14 +201,16 @@ def _mma_on() -> bool:
 
 def mma_routed(qtype: int, n: int, w: torch.Tensor) -> bool:
     """Whether an N-column product of `qtype` weights runs on gemv_mma: switch on, a measured
-    crossover reached, weights 16-byte aligned on a CUDA device with cupy."""
+    crossover reached, weights 16-byte aligned on an sm_80+ CUDA device with cupy."""
     if not _mma_on():
         return False
     m = mma_min_n(qtype)
     if m is None or n < m or not w.is_cuda or w.data_ptr() % 16:
         return False
     from tightfit.kernels import gemv_mma
-    return gemv_mma.available() and gemv_mma.supported(int(qtype))
+    return gemv_mma.available() and gemv_mma.supported(int(qtype)) and \
+        gemv_mma.capable(w.device.index if w.device.index is not None else
+                         torch.cuda.current_device())
 
 
 def gemv_act(act, w: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
