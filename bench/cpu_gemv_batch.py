@@ -27,8 +27,7 @@ from tightfit.kernels import cpu_gemv_avx512 as A  # noqa: E402
 from tightfit.kernels import cpu_gemv_avx512_loop as AV  # noqa: E402
 from tightfit.kernels import cpu_gemv_kern as K  # noqa: E402
 
-FORMATS = {"IQ4_XS": (23, 256, 136, [0]), "Q4_K": (12, 256, 144, [0, 2]),
-           "Q5_K": (13, 256, 176, [0, 2]), "Q6_K": (14, 256, 210, [208])}
+from cpu_gemv_avx512 import FORMATS  # noqa: E402  (bench/cpu_gemv_avx512.py, same folder)
 
 
 def main() -> None:

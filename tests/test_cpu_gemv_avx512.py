@@ -76,6 +76,26 @@ def int_sums(raw, name, xq):
     return ints(one, None), np.zeros(1)
 
 
+def extreme_case(rng, name, batch, rows=7, k=768):
+    """Every code and sub-block scale at its largest magnitude (as the AVX2 test), x = +-127
+    everywhere (row 1 all +127): raw blocks and the quantized activations."""
+    raw = blocks(rng, name, rows, k)
+    b = raw.reshape(rows, -1, GGML_QUANT_SIZES[T[name]][1])
+    if name == "IQ4_XS":
+        b[:, :, 2:8] = 0x00                 # scale -32
+        b[:, :, 8:] = 0x00                  # codebook -127 everywhere
+        b[:, 1::2, 8:] = 0xFF               # ... and +113 in every other block
+    elif name == "Q6_K":
+        b[:, :, 0:192] = 0xFF               # code 63
+        b[:, :, 192:208] = 0x80             # scale -128
+    else:
+        b[:, :, 4:16] = 0xFF                # 6-bit scales and mins 63
+        b[:, :, 16:] = 0xFF                 # codes 15 / 31
+    x = np.where(rng.random((batch, k)) < 0.5, -1.0, 1.0).astype(np.float32)
+    x[1] = 1.0
+    return (raw,) + quantized(x)
+
+
 def documented_fp(raw, name, xq, xd):
     """The kernel's fp32 arithmetic as its docstring states it, on independently computed block
     integers: IQ4_XS/Q6_K acc = fma(f * xd, isum, acc); Q4_K/Q5_K acc = fma(xd, fma(f, isum,
@@ -157,23 +177,7 @@ def test_exact_on_int8_activations_and_equal_to_avx2(name):
 def test_extreme_codes_and_scales(name):
     """No int16 overflow in the vpdpbusd lanes / vpmaddubsw pairs fed to vpdpwssd: every code
     and sub-block scale at its largest magnitude (as the AVX2 test), xq = +-127 everywhere."""
-    rng = np.random.default_rng(32)
-    rows, k = 7, 768
-    raw = blocks(rng, name, rows, k)
-    b = raw.reshape(rows, -1, GGML_QUANT_SIZES[T[name]][1])
-    if name == "IQ4_XS":
-        b[:, :, 2:8] = 0x00                 # scale -32
-        b[:, :, 8:] = 0x00                  # codebook -127 everywhere
-        b[:, 1::2, 8:] = 0xFF               # ... and +113 in every other block
-    elif name == "Q6_K":
-        b[:, :, 0:192] = 0xFF               # code 63
-        b[:, :, 192:208] = 0x80             # scale -128
-    else:
-        b[:, :, 4:16] = 0xFF                # 6-bit scales and mins 63
-        b[:, :, 16:] = 0xFF                 # codes 15 / 31
-    x = np.where(rng.random((2, k)) < 0.5, -1.0, 1.0).astype(np.float32)
-    x[1] = 1.0
-    xq, xd, xs = quantized(x)
+    raw, xq, xd, xs = extreme_case(np.random.default_rng(32), name, 2)
     assert np.abs(xq).min() == 127
     got = run(A.gemv_avx512, name, raw, xq, xd, xs)
     want, scale = exact(raw, name, xq, xd)
@@ -229,18 +233,20 @@ def test_batch_rows_bit_identical_to_one_row_each(name):
         assert np.max(np.abs(got - want) / scale) < 1e-5
 
 
-@needs_avx512
+@pytest.mark.skipif(not A.ENABLED, reason="the AVX-512 kernels are not in use here (host "
+                                         "features, or TIGHTFIT_CPU_AVX512=0)")
 def test_public_gemv_batches_k_quants_on_the_avx512_kernel():
     """cpu_gemv.gemv sends a 6-row batch of a K-quant to the AVX-512 kernel (not gemv_int, whose
-    rounding differs): each row of the result equals that row computed alone, bit for bit."""
-    if not A.ENABLED:
-        pytest.skip("TIGHTFIT_CPU_AVX512=0")
+    rounding differs): each row of the result equals that row computed alone, bit for bit, and
+    float64 on the int8 activations within 1e-5."""
     rng = np.random.default_rng(51)
     raw = blocks(rng, "Q5_K", 33, 512)
     x = rng.standard_normal((6, 512)).astype(np.float32)
     y = G.gemv(raw, T.Q5_K, x)
     for b in range(6):
         np.testing.assert_array_equal(y[b], G.gemv(raw, T.Q5_K, x[b]))
+    want, scale = exact(raw, "Q5_K", *quantized(x)[:2])
+    assert np.max(np.abs(y - want) / scale) < 1e-5
 
 
 @needs_avx512
@@ -374,23 +380,7 @@ def test_vector_epilogue_exact_and_next_to_the_scalar_form(name):
 def test_vector_epilogue_extremes(name):
     """Largest codes and scales, x = +-127 everywhere: the int32 lanes converted to fp32 (exact
     below 2^24) still give the float64 result within 1e-5."""
-    rng = np.random.default_rng(61)
-    rows, k = 7, 768
-    raw = blocks(rng, name, rows, k)
-    b = raw.reshape(rows, -1, GGML_QUANT_SIZES[T[name]][1])
-    if name == "IQ4_XS":
-        b[:, :, 2:8] = 0x00
-        b[:, :, 8:] = 0x00
-        b[:, 1::2, 8:] = 0xFF
-    elif name == "Q6_K":
-        b[:, :, 0:192] = 0xFF
-        b[:, :, 192:208] = 0x80
-    else:
-        b[:, :, 4:16] = 0xFF
-        b[:, :, 16:] = 0xFF
-    x = np.where(rng.random((3, k)) < 0.5, -1.0, 1.0).astype(np.float32)
-    x[1] = 1.0
-    xq, xd, xs = quantized(x)
+    raw, xq, xd, xs = extreme_case(np.random.default_rng(61), name, 3)
     got = run(AV.gemv_avx512v, name, raw, xq, xd, xs)
     want, scale = exact(raw, name, xq, xd)
     assert np.max(np.abs(got - want) / scale) < 1e-5
@@ -400,7 +390,7 @@ def test_vector_epilogue_extremes(name):
 @pytest.mark.parametrize("batch", [1, 5])
 def test_vector_group_kernel_equals_per_matrix(batch):
     """gemv_avx512v_group with Group's chunk plan: each matrix's columns bit-identical to
-    gemv_avx512v on that matrix alone."""
+    gemv_avx512v on that matrix alone and within 1e-5 of float64 on the int8 activations."""
     rng = np.random.default_rng(62 + batch)
     k = 512
     mats = [(blocks(rng, n, r, k), T[n]) for n, r in
@@ -413,6 +403,8 @@ def test_vector_group_kernel_equals_per_matrix(batch):
     AV.gemv_avx512v_group(ws, qts, cols, cm, c0, c1, xq, xd, xs, y, G._F16, ssc)
     for (a, b), (w, qt) in zip(grp.spans, mats):
         np.testing.assert_array_equal(y[:, a:b], run(AV.gemv_avx512v, qt.name, w, xq, xd, xs))
+        want, scale = exact(w, qt.name, xq, xd)
+        assert np.max(np.abs(y[:, a:b] - want) / scale) < 1e-5
 
 
 def test_epilogue_switch(monkeypatch):

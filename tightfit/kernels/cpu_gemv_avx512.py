@@ -578,19 +578,21 @@ def _row_cols(qt, wr, ts, nb, xq, xs, xd, j0, j1, j2, j3, tab, pf):
 
 
 @njit(inline="always")
-def _row_all(qt, wr, ts, nb, xq, xs, xd, y, yc, tab, pf):
-    """y[b, yc] = row wr times activation row b, for every b: in groups of COLS through _row_cols
-    (a short last group repeats its last row), a last single row through _row. The row's bytes
-    stay in L1 between the groups: memory traffic is one pass whatever B."""
+def row_groups(one, four, qt, wr, ts, nb, xq, xs, xd, y, yc, tab, pf):
+    """y[b, yc] = row wr times activation row b, for every b: in groups of COLS through `four`
+    (a short last group repeats its last row), a last single row through `one`. The row's bytes
+    stay in L1 between the groups: memory traffic is one pass whatever B. one(qt, wr, ts, nb, xq,
+    xs, xd, j, tab, pf) and four(..., j0, j1, j2, j3, tab, pf) are this module's _one_row /
+    _row_cols or cpu_gemv_avx512_loop's vector-epilogue pair."""
     B = xq.shape[0]
     for b0 in range(0, B, COLS):
         last = min(b0 + COLS, B) - 1
         if last == b0:          # one row left: a padded group would decode for nothing
-            y[b0, yc] = _row(qt, wr, ts, nb, xq[b0], xs[b0], xd[b0], tab, pf)
+            y[b0, yc] = one(qt, wr, ts, nb, xq, xs, xd, np.int64(b0), tab, pf)
             continue
-        r0, r1, r2, r3 = _row_cols(qt, wr, ts, nb, xq, xs, xd, np.int64(b0),
-                                   np.int64(min(b0 + 1, last)), np.int64(min(b0 + 2, last)),
-                                   np.int64(min(b0 + 3, last)), tab, pf)
+        r0, r1, r2, r3 = four(qt, wr, ts, nb, xq, xs, xd, np.int64(b0),
+                              np.int64(min(b0 + 1, last)), np.int64(min(b0 + 2, last)),
+                              np.int64(min(b0 + 3, last)), tab, pf)
         y[b0, yc] = r0
         if b0 + 1 <= last:
             y[b0 + 1, yc] = r1
@@ -598,6 +600,11 @@ def _row_all(qt, wr, ts, nb, xq, xs, xd, y, yc, tab, pf):
             y[b0 + 2, yc] = r2
         if b0 + 3 <= last:
             y[b0 + 3, yc] = r3
+
+
+@njit(inline="always")
+def _one_row(qt, wr, ts, nb, xq, xs, xd, j, tab, pf):
+    return _row(qt, wr, ts, nb, xq[j], xs[j], xd[j], tab, pf)
 
 
 @njit(parallel=True, cache=True)
@@ -610,7 +617,7 @@ def gemv_avx512(qt, w, xq, xd, xs, y, tab, ssc, pf=PF_ARG):
     ts = w.shape[1] // nb
     xp = permute_x(xq, np.empty(xq.shape, np.int8)) if qt == IQ4_XS else xq
     for r in prange(M):
-        _row_all(qt, w[r], ts, nb, xp, xs, xd, y, r, tab, pf)
+        row_groups(_one_row, _row_cols, qt, w[r], ts, nb, xp, xs, xd, y, r, tab, pf)
 
 
 @njit(parallel=True, cache=True)
@@ -627,4 +634,4 @@ def gemv_avx512_group(ws, qts, ycol, cm, cr0, cr1, xq, xd, xs, y, tab, ssc, pf=P
         ts = w.shape[1] // nb
         xx = xp if qt == IQ4_XS else xq
         for r in range(cr0[c], cr1[c]):
-            _row_all(qt, w[r], ts, nb, xx, xs, xd, y, col + r, tab, pf)
+            row_groups(_one_row, _row_cols, qt, w[r], ts, nb, xx, xs, xd, y, col + r, tab, pf)

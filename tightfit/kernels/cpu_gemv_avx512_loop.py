@@ -29,8 +29,9 @@ from numba import types as _nt
 from numba.core import cgutils as _cg
 from numba.extending import intrinsic as _intrinsic
 
-from tightfit.kernels.cpu_gemv_avx512 import (COLS, IQ4_XS, PF_ARG, Q4_K, Q5_K, Q6_K, _I8, _I32,
-                                              _I64, _Ops, _block_cols, _data, _fn, permute_x)
+from tightfit.kernels.cpu_gemv_avx512 import (COLS, IQ4_XS, PF_ARG, Q4_K, Q5_K, Q6_K, _I8, _I32, _I64,
+                                              _Ops, _block_cols, _data, _fn, permute_x,
+                                              row_groups)
 
 _F32 = _ir.FloatType()
 _V16F = _ir.VectorType(_F32, 16)
@@ -147,8 +148,8 @@ _r4_iq4, _r4_q4k, _r4_q5k, _r4_q6k = _r4[IQ4_XS], _r4[Q4_K], _r4[Q5_K], _r4[Q6_K
 
 
 @njit(inline="always")
-def _one(qt, wr, nb, xq, xs, xd, j, pf):
-    j = np.int64(j)
+def _one(qt, wr, ts, nb, xq, xs, xd, j, tab, pf):
+    """row_groups' one-row call (ts, tab unused: the IR knows the block size, converts fp16)."""
     if qt == IQ4_XS:
         return _r1_iq4(wr, nb, xq, xs, xd, j, pf)[0]
     if qt == Q4_K:
@@ -159,7 +160,7 @@ def _one(qt, wr, nb, xq, xs, xd, j, pf):
 
 
 @njit(inline="always")
-def _four(qt, wr, nb, xq, xs, xd, j0, j1, j2, j3, pf):
+def _four(qt, wr, ts, nb, xq, xs, xd, j0, j1, j2, j3, tab, pf):
     if qt == IQ4_XS:
         return _r4_iq4(wr, nb, xq, xs, xd, j0, j1, j2, j3, pf)
     if qt == Q4_K:
@@ -167,27 +168,6 @@ def _four(qt, wr, nb, xq, xs, xd, j0, j1, j2, j3, pf):
     if qt == Q5_K:
         return _r4_q5k(wr, nb, xq, xs, xd, j0, j1, j2, j3, pf)
     return _r4_q6k(wr, nb, xq, xs, xd, j0, j1, j2, j3, pf)
-
-
-@njit(inline="always")
-def _row_all(qt, wr, nb, xq, xs, xd, y, yc, pf):
-    """y[b, yc] = row wr times activation row b, for every b: groups of COLS rows per pass over the
-    row (a short group repeats its last row), a last single row alone."""
-    B = xq.shape[0]
-    for b0 in range(0, B, COLS):
-        last = min(b0 + COLS, B) - 1
-        if last == b0:
-            y[b0, yc] = _one(qt, wr, nb, xq, xs, xd, b0, pf)
-            continue
-        r0, r1, r2, r3 = _four(qt, wr, nb, xq, xs, xd, np.int64(b0), np.int64(min(b0 + 1, last)),
-                               np.int64(min(b0 + 2, last)), np.int64(min(b0 + 3, last)), pf)
-        y[b0, yc] = r0
-        if b0 + 1 <= last:
-            y[b0 + 1, yc] = r1
-        if b0 + 2 <= last:
-            y[b0 + 2, yc] = r2
-        if b0 + 3 <= last:
-            y[b0 + 3, yc] = r3
 
 
 @njit(parallel=True, cache=True)
@@ -198,7 +178,7 @@ def gemv_avx512v(qt, w, xq, xd, xs, y, tab, ssc, pf=PF_ARG):
     nb = np.int64(xq.shape[1] // 256)
     xp = permute_x(xq, np.empty(xq.shape, np.int8)) if qt == IQ4_XS else xq
     for r in prange(M):
-        _row_all(qt, w[r], nb, xp, xs, xd, y, r, pf)
+        row_groups(_one, _four, qt, w[r], 0, nb, xp, xs, xd, y, r, tab, pf)
 
 
 @njit(parallel=True, cache=True)
@@ -213,7 +193,7 @@ def gemv_avx512v_group(ws, qts, ycol, cm, cr0, cr1, xq, xd, xs, y, tab, ssc, pf=
         col = ycol[m]
         xx = xp if qt == IQ4_XS else xq
         for r in range(cr0[c], cr1[c]):
-            _row_all(qt, w[r], nb, xx, xs, xd, y, col + r, pf)
+            row_groups(_one, _four, qt, w[r], 0, nb, xx, xs, xd, y, col + r, tab, pf)
 
 
 __all__ = ["gemv_avx512v", "gemv_avx512v_group"]

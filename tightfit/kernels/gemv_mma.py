@@ -408,14 +408,13 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
                 sm = pipe_smem(qtype, prt, nst)
                 fit = min(cps, _smem_sm(dev.index) // (sm + 1024))
                 if fit >= 1:
-                    ctas, split = geometry(qtype, k, int(n_out), _sms(dev.index), fit, 1, prt,
-                                           fill)
+                    ctas, _ = geometry(qtype, k, int(n_out), _sms(dev.index), fit, 1, prt, fill)
                     launches.append((_pipe_fn(qtype, dev.index, prt, nst), c0, nc, (ctas, 1, 1),
-                                     split, sm))
+                                     sm))
                     continue
             r = rt if (nt, rt) in KERNELS else 1
-            ctas, split = geometry(qtype, k, int(n_out), _sms(dev.index), cps, nt, r, fill)
-            launches.append((mods[(nt, r)], c0, nc, (ctas, 1, 1), split, 0))
+            ctas, _ = geometry(qtype, k, int(n_out), _sms(dev.index), cps, nt, r, fill)
+            launches.append((mods[(nt, r)], c0, nc, (ctas, 1, 1), 0))
         # workspace needs: a counter per 16-row tile (rt 1 has the most groups), slots per warp
         g = (rb, (-(-int(n_out) // 16), max(ln[3][0] for ln in launches) * WARPS), launches)
         _geom[gkey] = g
@@ -430,7 +429,7 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
     ws = _workspace(dev.index, *need)
     pc, pp = np.uint64(ws.cnt), np.uint64(ws.part)
     with stream:    # the chunks' launches are stream-ordered: they reuse the same counters / slots
-        for fn, c0, nc, grid, _split, sm in launches:
+        for fn, c0, nc, grid, sm in launches:
             fn(grid, (THREADS, 1, 1),
                (np.uint64(pw), np.uint64(pq + c0 * k), np.uint64(pd + c0 * (k // 32) * 4),
                 np.uint64(ps + c0 * (k // 16) * 4), np.uint64(py + c0 * n_out * 4), N_OUT, K,
