@@ -212,10 +212,11 @@ def test_batched_host_rows_grouped_per_input(small, monkeypatch):
 
 
 def test_placed_prefill_through_the_ring(small, monkeypatch):
-    """TIGHTFIT_PLACED_RING=1: a placed model's blocks of >= ring_min_m tokens send the host rows
-    of split matrices to the device through the host-row ring (here the CPU's synchronous form of
-    the same piece loop) instead of multiplying them on the CPU: logits of every row against the
-    reference, and the ring really carried them (pieces counted)."""
+    """By default a placed model's blocks of >= ring_min_m tokens send the host rows of split
+    matrices to the device through the host-row ring (here the CPU's synchronous form of the same
+    piece loop) instead of multiplying them on the CPU: logits of every row against the
+    reference, and the ring really carried them (pieces counted); TIGHTFIT_PLACED_RING=0 turns
+    it off."""
     from tightfit.model.placed import replace_host_rows
     path, mf, ref = small
     inv, full = _full(path)
@@ -226,7 +227,7 @@ def test_placed_prefill_through_the_ring(small, monkeypatch):
             rows[t.name] = t.n_rows // SPLIT_ROW_QUANTUM // 2 * SPLIT_ROW_QUANTUM
     rows["blk.2.ffn_up.weight"] = inv.tensors["blk.2.ffn_up.weight"].n_rows   # wholly on the host
     exe = _exe(mf, replace_host_rows(full, rows))
-    monkeypatch.setenv("TIGHTFIT_PLACED_RING", "1")
+    monkeypatch.delenv("TIGHTFIT_PLACED_RING", raising=False)      # the default: on
     B = exe.batcher()
     B.ring_min_m = 8
     prompt = np.random.default_rng(4).integers(0, ref.config.n_vocab, 12).tolist()

@@ -104,18 +104,18 @@ def test_profile_buckets(model, monkeypatch):
             assert b[k] > 0, (k, b)
         assert b["replay"] == 0                          # eager step: no segment graphs
         assert len(rec["calls"]) == n_groups             # every host group once per token
-        assert sum(c[1] for c in rec["calls"]) == exe.host_weight_bytes
+        assert sum(c[1] for c in rec["calls"]) == exe.host_cpu_bytes
         assert all(c[2] > 0 and c[3] >= c[2] for c in rec["calls"])
         assert sum(c[2] for c in rec["calls"]) == b["kernel"]
     s = prof.summary()
     assert s["tokens"] == 3 and s["host_calls_per_token"] == n_groups
-    assert s["host_bytes_per_token"] == exe.host_weight_bytes
+    assert s["host_bytes_per_token"] == exe.host_cpu_bytes
     assert s["kernel_only_GBps"] > 0
     assert abs(sum(s["buckets_pct"].values()) - 100) < 1e-6
     assert s["call_bytes"]["min"] <= s["call_bytes"]["median"] <= s["call_bytes"]["max"]
     assert s["call_kernel_GBps"]["min"] <= s["call_kernel_GBps"]["max"]
     assert sum(e["MB_per_token"] for e in s["by_kernel"].values()) * 1e6 == \
-        pytest.approx(exe.host_weight_bytes)
+        pytest.approx(exe.host_cpu_bytes)
     if cpu_gemv.SIMD and mf.gguf.tensors["blk.0.ffn_up.weight"].qtype in cpu_gemv.SIMD:
         assert any(lab.startswith("group:") for lab in s["by_kernel"]), s["by_kernel"]
         assert s["buckets_ms"]["x_quant"] > 0

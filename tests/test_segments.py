@@ -140,7 +140,8 @@ def _instrument(exe, sink) -> None:
     g = exe._gpu_linears
 
     def gl(x, pairs):
-        return sink(("gemv",) + tuple(n for n, _ in pairs if n in exe.lin), g, (x, pairs), {})
+        return sink(("gemv",) + tuple(n for n, _ in pairs if n in exe.lin or n in exe.pcie), g,
+                    (x, pairs), {})
     exe._gpu_linears = gl
 
 
@@ -149,11 +150,20 @@ def _exe(mf, plan, device="cpu", **kw):
     return GPUModel.from_model_file(mf, device=device, n_ctx=CTX, plan=plan, progress=False, **kw)
 
 
-def test_segments_cover_the_step_and_replay_bitwise(small):
+@pytest.mark.parametrize("pcie", ["", "0.5"])
+def test_segments_cover_the_step_and_replay_bitwise(small, monkeypatch, pcie):
+    """pcie "0.5": half of each host suffix (whole 64-row groups) is computed by the device
+    GEMV (tightfit.model.pcie_rows; the CPU's rows here), in the host point's prefix graph --
+    also for blk.1's ffn_down, which has no device rows."""
     path, mf, ref = small
     plan = _plan(path)
+    monkeypatch.setenv("TIGHTFIT_PCIE_ROWS", pcie)
     eager = _exe(mf, plan, use_triton=False)
     segd = _exe(mf, plan, use_triton=False)
+    assert bool(segd.pcie) == bool(pcie)
+    if pcie:
+        assert "blk.1.ffn_down.weight" in segd.pcie and "blk.1.ffn_down.weight" not in segd.lin
+        assert segd.host_cpu_bytes < segd.host_weight_bytes
     assert not eager.host_graphs and not segd.host_graphs          # CPU: eager by default
     se, ss, rs = eager.new_state(CTX), segd.new_state(CTX), ref.new_state(CTX)
     prompt = [3, 4, 5]
@@ -205,7 +215,7 @@ def test_segments_cover_the_step_and_replay_bitwise(small):
                 flat += [x for x in labs if x not in ("d2h", "h2d")]
                 if j < n:
                     p = seg.points[j]
-                    has_gpu = any(name in segd.lin for name in p.names)
+                    has_gpu = any(name in segd.lin or name in segd.pcie for name in p.names)
                     if p.prefix is not None:
                         assert p.prefix.labels and all(x[0] == "gemv" for x in p.prefix.labels)
                         flat += p.prefix.labels
@@ -213,7 +223,8 @@ def test_segments_cover_the_step_and_replay_bitwise(small):
                         assert not has_gpu
             # (the eager step also calls the GPU part of a wholly-host matrix: a no-op)
             assert flat == [x for x in elog if x != ("gemv",)]
-            assert any(p.prefix is None for p in seg.points)     # blk.1 ffn_down: host only
+            # blk.1 ffn_down: host only (a prefix graph of its PCIe rows when they are on)
+            assert any(p.prefix is None for p in seg.points) == (not pcie)
             opened = len(fb.opened)
             assert opened == n + 1 + sum(p.prefix is not None for p in seg.points)
     assert all(g.replays == len(toks) - 1 for g in seg.graphs)
@@ -235,7 +246,7 @@ def test_segments_cover_the_step_and_replay_bitwise(small):
     assert b["replay"] > 0 and b["kernel"] > 0 and b["embed"] > 0
     assert b["x_d2h"] == 0 and b["copy_back"] == 0      # inside the graphs now
     assert [c[0] for c in rec["calls"]] == [p.names for p in seg.points]
-    assert sum(c[1] for c in rec["calls"]) == segd.host_weight_bytes
+    assert sum(c[1] for c in rec["calls"]) == segd.host_cpu_bytes
 
 
 def test_bad_segment_list_refused():
@@ -323,4 +334,4 @@ def test_cuda_segment_profile_buckets(small):
         assert set(b) == set(HP.BUCKETS) and sum(b.values()) == rec["wall"]
         assert b["replay"] > 0 and b["kernel"] > 0 and b["x_d2h"] == 0 and b["copy_back"] == 0
         assert len(rec["calls"]) == len(seg.points)
-        assert sum(c[1] for c in rec["calls"]) == segd.host_weight_bytes
+        assert sum(c[1] for c in rec["calls"]) == segd.host_cpu_bytes

@@ -299,6 +299,21 @@ class GPUModel:
             use_graphs is not False and _segments.enabled()
         self._seg_rec = None       # segments.Recorder while the segment graphs are captured
         self._alloc_buffers()
+        # host rows the step's GPU reads over PCIe beside the CPU (tightfit.model.pcie_rows):
+        # on CUDA with TIGHTFIT_PCIE_ROWS (default share), on the CPU only when that is set
+        self.hostc: dict = dict(self.hostw)      # the CPU's part of each host suffix (the step)
+        self.pcie: dict[str, Linear] = {}        # the GPU's part, a view of registered host pages
+        self.pcie_gen = 0                        # bumped by set_pcie_share (segment graph key)
+        self._pcie_reg = None
+        if self.hostw and (self.device.type == "cuda" or
+                           os.environ.get("TIGHTFIT_PCIE_ROWS", "").strip()):
+            from tightfit.model.pcie_rows import share_from_env
+            try:
+                share = share_from_env()
+            except ValueError as e:
+                raise UserError(str(e)) from None
+            self.set_pcie_share(share)
+            self.pcie_gen = 0                    # the split built with the executor: no new key
         # fused activation quantization (norm.py quant_out=): the producers of GEMV inputs
         # (add+RMSNorm, SwiGLU, gated RMSNorm) write the int8 copy themselves, so `_linears`
         # skips the separate quantize launch. On by default: on the H200 the 27B's logits are
@@ -469,8 +484,9 @@ class GPUModel:
             t = region[offs[b.name]:offs[b.name] + b.nbytes].view(dt[b.dtype]).view(b.shape)
             t.zero_()
             self._ws[b.name] = t
-        if "mma_fixup" in self._ws and plan is not None:
+        if "mma_fixup" in self._ws and plan is not None and self.device.type == "cuda":
             # the planned tensor-core GEMV workspace (counters zeroed above) replaces its lazy one
+            # (a CPU executor on a GPU host keeps the planned line but has no such kernel)
             from tightfit.kernels.gemv_mma import use_workspace
             from tightfit.plan.budget import mma_fixup_rows
             use_workspace(self._ws["mma_fixup"], mma_fixup_rows(c, plan.options, plan.inventory))
@@ -633,19 +649,68 @@ class GPUModel:
             t = prof.host_call(names, G.nbytes, t)
         y = buf if buf is not None else torch.from_numpy(y.reshape(1, -1))   # pinned: async copies
         for (name, out), (a, b) in zip(host, G.spans):
-            out.view(1, -1)[:, self.hostw[name].row_start:].copy_(y[:, a:b], non_blocking=True)
+            out.view(1, -1)[:, self.hostc[name].row_start:].copy_(y[:, a:b], non_blocking=True)
         if buf is not None:
             self._io.recorded(key)
         if prof is not None:
             prof.host_done(prof.lap("copy_back", t))
 
     def _host_group(self, names: tuple):
-        """ONE parallel CPU call (placed.HostGroup) for the host rows of `names` (same input)."""
+        """ONE parallel CPU call (placed.HostGroup) for the CPU's rows of `names` (same input)."""
         G = self._hgroups.get(names)
         if G is None:
             from tightfit.model.placed import HostGroup
-            G = self._hgroups[names] = HostGroup([self.hostw[n] for n in names])
+            G = self._hgroups[names] = HostGroup([self.hostc[n] for n in names])
         return G
+
+    @property
+    def host_cpu_bytes(self) -> int:
+        """Bytes of host rows the CPU reads per step (host_weight_bytes less the PCIe rows)."""
+        return sum(h.nbytes for h in self.hostc.values())
+
+    def set_pcie_share(self, share: float) -> None:
+        """Let the step's GPU read the first `share` of every split matrix's host rows over PCIe
+        (tightfit.model.pcie_rows; 0: the CPU reads them all). Cached host groups and segment
+        graphs of the old split are not reused (pcie_gen is part of their key)."""
+        from tightfit.model import pcie_rows as P
+        from tightfit.plan.rowsplit import SPLIT_ROW_QUANTUM
+        cuda = self.device.type == "cuda"
+
+        def served(qt: int) -> bool:
+            if not cuda:               # CPU (tests): any type, by the GPU part's own route
+                return True
+            from tightfit.kernels.gemv_route import cuda_routed
+            kind, _ = Linear.classify(qt, 256, self.use_triton)
+            # the CUDA GEMV, measured on mapped rows (bench/zero_copy.py)
+            return kind == "quant" and cuda_routed(qt)
+
+        split = P.plan_split(self.hostw, float(share), SPLIT_ROW_QUANTUM, served)
+        if split and cuda and self._pcie_reg is None:
+            self._pcie_reg = P.register_or_warn(
+                [(int(H.w.ctypes.data), int(H.w.ctypes.data) + int(H.w.nbytes))
+                 for H in self.hostw.values()])
+            if self._pcie_reg is None:         # said on stderr: the CPU reads every host row
+                split = {}
+            self.placed.pcie_reg = self._pcie_reg      # unregistered by Placed.close
+        self.hostc, self.pcie = {}, {}
+        for name, H in self.hostw.items():
+            n = split.get(name, 0)
+            self.hostc[name] = P.suffix(H, n)
+            if n:
+                rows = H.w[:n]
+                if cuda:
+                    raw = self._pcie_reg.device_view(rows)
+                else:                  # read-only mapping: never written through this view
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", UserWarning)
+                        raw = torch.from_numpy(rows.reshape(-1))
+                L = Linear(name, self._tensors[H.name], self.device, self.use_triton, raw=raw,
+                           n_out=n)
+                L.row_start = H.row_start
+                self.pcie[name] = L
+        self.pcie_share = float(share) if split else 0.0
+        self._hgroups = {}
+        self.pcie_gen += 1
 
     def _gpu_linears(self, x: torch.Tensor, pairs: Sequence[tuple[str, torch.Tensor]]) -> None:
         """The device rows of each (name, out): all of it, or out[:, :gpu_rows] of a split
@@ -669,22 +734,25 @@ class GPUModel:
                 else:
                     M = None
             L = M if M is not None else self.lin.get(name)
-            if L is None:
-                continue                       # wholly on the host
-            o = out if name not in self.hostw else out.view(1, -1)[:, :L.n_out]
-            if L.kind == "quant":
-                if L.layout not in acts:
-                    key = (x.data_ptr(), L.layout)
-                    if key in self._fresh:     # its producer wrote the int8 copy this step
-                        self._fresh.discard(key)
-                        acts[L.layout] = self._qa[key]
-                    else:
-                        acts[L.layout] = self._quant(x, L.layout)
-                gemv_act(acts[L.layout], L.raw, L.qtype, L.n_out, o, self._gemv_part)
-            elif L.kind == "float":
-                gm.gemv(x, L.raw, L.qtype, L.n_out, L.n_in, out=o)
-            else:
-                L.ref(x, o)
+            P = self.pcie.get(name)            # host rows the GPU reads over PCIe
+            parts = [] if L is None else \
+                [(L, out if name not in self.hostw else out.view(1, -1)[:, :L.n_out])]
+            if P is not None:
+                parts.append((P, out.view(1, -1)[:, P.row_start:P.row_start + P.n_out]))
+            for L, o in parts:
+                if L.kind == "quant":
+                    if L.layout not in acts:
+                        key = (x.data_ptr(), L.layout)
+                        if key in self._fresh:     # its producer wrote the int8 copy this step
+                            self._fresh.discard(key)
+                            acts[L.layout] = self._qa[key]
+                        else:
+                            acts[L.layout] = self._quant(x, L.layout)
+                    gemv_act(acts[L.layout], L.raw, L.qtype, L.n_out, o, self._gemv_part)
+                elif L.kind == "float":
+                    gm.gemv(x, L.raw, L.qtype, L.n_out, L.n_in, out=o)
+                else:
+                    L.ref(x, o)
 
     @staticmethod
     def _merge_outputs_ok(outs: Sequence[torch.Tensor], rows: Sequence[int]) -> bool:

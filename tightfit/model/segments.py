@@ -210,7 +210,8 @@ class Recorder:
         b.copy(xb, x.reshape(1, -1))            # D2H: the open segment's last node
         self.graphs.append(b.end(self.cur))
         self.cur = prefix = None
-        if any(name in exe.lin for name, _ in pairs):
+        pcie = getattr(exe, "pcie", {})        # host rows the GPU reads (pcie_rows)
+        if any(name in exe.lin or name in pcie for name, _ in pairs):
             self.cur = b.begin()
             exe._gpu_linears(x, pairs)
             prefix = b.end(self.cur)
@@ -220,7 +221,7 @@ class Recorder:
         b.host_point(p)
         self.cur = b.begin()
         for (name, out), (lo, hi) in zip(host, G.spans):
-            b.copy(out.view(1, -1)[:, exe.hostw[name].row_start:], p.y[:, lo:hi])   # H2D
+            b.copy(out.view(1, -1)[:, exe.hostc[name].row_start:], p.y[:, lo:hi])   # H2D
 
 
 def capture(exe: Any, st: Any, mode: str, head: bool, feed: bool) -> SegmentStep:
@@ -251,7 +252,8 @@ def capture(exe: Any, st: Any, mode: str, head: bool, feed: bool) -> SegmentStep
 
 def step(exe: Any, st: Any, mode: str, head: bool, feed: bool) -> SegmentStep:
     """The cached SegmentStep of (mode, head, feed) for state st, captured on first use."""
-    key = ("host-segments", mode, head, feed)
+    gen = getattr(exe, "pcie_gen", 0)       # a later set_pcie_share: a new split, new graphs
+    key = ("host-segments", mode, head, feed) + ((gen,) if gen else ())
     seg = st.graphs.get(key)
     if seg is None:
         seg = st.graphs[key] = capture(exe, st, mode, head, feed)
