@@ -291,3 +291,39 @@ def test_costs_are_measured_not_priors():
     for k, c in pol.round_ms.items():
         assert c.ms == pytest.approx(cost(k))
     assert 0 in pol.round_ms                       # the plain step itself was measured
+
+
+@pytest.mark.parametrize("row", [3.3, 1.0])
+def test_no_probes_where_no_acceptance_could_pay(row):
+    """Every verified row costs about a plain step or more (row >= 1: a placed model's
+    compute-bound host rows; session 12 measured a 2-row round at 4.3 plain steps): drafting can
+    never pay, even at 100 % acceptance. The policy starts with a 1-token block (not the priors'
+    4), measures the plain step next, probes one more length to measure the cost per row, and
+    then stops probing (`hopeless`): two probes in all, however long the request (the old policy
+    spent 14 + 8 steps on its first two rounds and kept probing every doubling gap)."""
+    cost = linear(1.0, row)
+    assert best_fixed(1.0, cost) == pytest.approx(1.0 / cost(0))   # drafting never pays here
+    pol = Policy()
+    tokens, ms, ks = simulate(pol, lambda r: 0.0, cost, 48)
+    drafted = [k for k in ks if k]
+    print(f"row {row}: drafted {drafted} in 48 rounds, overhead {ms / (48 * cost(0)) - 1:.1%}")
+    assert drafted == [1, 2] and pol.hopeless(4)
+    tokens, ms, ks = simulate(Policy(), lambda r: 0.0, cost, 512)
+    assert sum(1 for k in ks if k) == 2 and ms / (512 * cost(0)) - 1.0 <= 0.02 * max(1.0, row)
+    # where drafting can pay the same rules leave the drafter alone
+    cheap = Policy()
+    simulate(cheap, lambda r: 0.0, linear(1.0, 0.275), 48)
+    assert not cheap.hopeless(4)
+    tokens, ms, ks = simulate(Policy(), lambda r: 0.8, linear(1.0, 0.05), 200)
+    assert sum(1 for k in ks if k == 4) / len(ks) >= 0.9
+
+
+def test_block_fixed_cost_is_not_a_slope():
+    """A verify block with a large fixed cost over the plain step (another code path: the CPU
+    demo model's eager block, 8 ms plain vs 27 ms for 2 rows and ~30 ms for 9) is not read as
+    19 ms per row: the slope comes from draft lengths only, so long drafts stay attractive at
+    high acceptance."""
+    cost = lambda k: 8.0 if k == 0 else 26.0 + 0.5 * k      # noqa: E731
+    tokens, ms, ks = simulate(Policy(), lambda r: 0.95, cost, 300, k_max=8)
+    got, best = tokens / ms, best_fixed(0.95, cost, 8)
+    assert got >= 0.9 * best and sum(1 for k in ks if k >= 6) / len(ks) >= 0.8

@@ -37,7 +37,9 @@ step, if never chosen, is run every min_gap rounds until it has two samples, and
 last sample is older than max_gap rounds, so round_ms[0] is a measurement. At 0 % acceptance the
 policy so settles on the plain step after a few rounds and then spends about log2(n) probe rounds
 of probe_k tokens in n (tests/test_spec_policy_cost.py: < 2 % modelled overhead in 200 rounds
-when a 4-token verify costs 2.1 plain steps, 0.2 % in 3000).
+when a 4-token verify costs 2.1 plain steps, 0.2 % in 3000). Where the measured costs say that
+no acceptance could pay (`hopeless`: every drafted row costs about a plain step, as on a model
+with compute-bound host rows), a due probe is skipped and the drafter's gap set to max_gap.
 """
 from __future__ import annotations
 
@@ -131,13 +133,19 @@ class Policy:
         return r.value(self.prior)
 
     def _slope(self, t: dict[int, _Cost]) -> float:
-        if len(t) >= 2:
-            xs = list(t)
-            ys = [t[x].ms for x in xs]
+        """ms per extra verified row: the least-squares slope of the measured draft lengths
+        (k >= 1) when two or more are measured. The plain step is left out: it runs another path
+        (one-token graph) than the verify block, whose fixed cost would read as a steep slope
+        (the CPU demo model: plain 8 ms, a 2-row block 27 ms, a 5-row one ~30 ms). Fewer: the
+        prior `prior_row` relative to the one point there is."""
+        pts = {x: v for x, v in t.items() if x > 0}
+        if len(pts) >= 2:
+            xs = list(pts)
+            ys = [pts[x].ms for x in xs]
             mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
             sxx = sum((x - mx) ** 2 for x in xs)
             return max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx)
-        (k0, c), = t.items()
+        k0, c = next(iter(pts.items())) if pts else max(t.items())
         return self.prior_row * c.ms / (1.0 + self.prior_row * k0)
 
     def round_cost(self, k: int) -> float:
@@ -164,6 +172,26 @@ class Policy:
             return t[lo].ms + (k - lo) / (hi - lo) * (t[hi].ms - t[lo].ms)
         base = lo if lo is not None else hi
         return max(1e-6, t[base].ms + self._slope(t) * (k - base))
+
+    def hopeless(self, k_max: int) -> bool:
+        """True when the measured round costs say that even a draft accepted in full, at any
+        length 1..k_max, commits fewer tokens per ms than the plain step: (k + 1) / round_cost(k)
+        <= 1 / round_cost(0) (draft time left out: an upper bound). Needs the plain step and at
+        least one draft length measured. E.g. a model with host rows, whose host kernels are
+        compute-bound so that every verified row costs about a plain step (session 12: a 2-row
+        round 4.3 plain steps at 8 GiB): its probes would cost ~3 steps each for nothing."""
+        if self.round_ms.get(0) is None or sum(1 for k in self.round_ms if k > 0) < 2:
+            return False                # the slope per row is not measured yet
+        plain = 1.0 / self.round_cost(0)
+        return all((k + 1) / self.round_cost(k) <= plain for k in range(1, k_max + 1))
+
+    def _probe_len(self, k_max: int) -> int:
+        """probe_k, or one more when probe_k is the only draft length measured: a second length
+        measures the cost per row (the slope `hopeless` and the extrapolations rest on)."""
+        drafted = [x for x in self.round_ms if x > 0]
+        if drafted == [self.probe_k] and k_max > self.probe_k:
+            return self.probe_k + 1
+        return min(k_max, self.probe_k)
 
     def draft_cost(self, name: str, k: int) -> float:
         st = self._st(name)
@@ -193,6 +221,13 @@ class Policy:
             k, r = self.best_length(name, k_max, match)
             if k and r > best:
                 best_name, best_k, best = name, k, r
+        if best_k and not any(x > 0 for x in self.round_ms):
+            # no verify block measured yet: the first is probe_k tokens, not the priors' longest
+            # (where rows cost about a plain step each, a first 4-token round would cost ~14)
+            best_k = min(best_k, self.probe_k)
+        elif best_k and 0 not in self.round_ms:
+            self.probes += 1                # a block measured, the plain step not: measure it
+            return None, 0                  # before a second block is chosen on priors
         if best_name is not None:
             self._st(best_name).gap = self.min_gap
             plain = self.round_ms.get(0)
@@ -203,13 +238,18 @@ class Policy:
         due = [(self.round - self._st(n).last_obs - self._st(n).gap, n)
                for n, (k_max, _) in candidates.items()
                if n != best_name and k_max and self.round - self._st(n).last_obs >= self._st(n).gap]
+        for _, n in list(due):
+            if self.hopeless(candidates[n][0]):
+                st = self._st(n)            # no acceptance could pay: look again only rarely
+                st.gap, st.last_obs = self.max_gap, self.round
+                due.remove((_, n))
         if due:
             _, name = max(due)
             st = self._st(name)
             st.gap = min(2 * st.gap, self.max_gap)
             st.last_obs = self.round        # not probed again before the new gap even if the
             self.probes += 1                # round is cut short (stop string, length limit)
-            return name, min(candidates[name][0], self.probe_k)
+            return name, self._probe_len(candidates[name][0])
         return best_name, best_k
 
     # ---- updates -----------------------------------------------------------------------------
