@@ -175,22 +175,31 @@ class Policy:
 
     def hopeless(self, k_max: int) -> bool:
         """True when the measured round costs say that even a draft accepted in full, at any
-        length 1..k_max, commits fewer tokens per ms than the plain step: (k + 1) / round_cost(k)
-        <= 1 / round_cost(0) (draft time left out: an upper bound). Needs the plain step and at
-        least one draft length measured. E.g. a model with host rows, whose host kernels are
-        compute-bound so that every verified row costs about a plain step (session 12: a 2-row
-        round 4.3 plain steps at 8 GiB): its probes would cost ~3 steps each for nothing."""
-        if self.round_ms.get(0) is None or sum(1 for k in self.round_ms if k > 0) < 2:
-            return False                # the slope per row is not measured yet
+        length 1..k_max, commits fewer tokens per ms than the plain step: (k + 1) / cost(k) <=
+        1 / round_cost(0), cost(k) the least-squares line through the draft lengths measured
+        at least twice (their lower medians: the first round of a length in a process carries
+        one-time costs, ~150 ms on the H200 in session 12), draft time left out (an upper
+        bound). Needs the plain step and two such lengths. E.g. a model with host rows, whose
+        host kernels are compute-bound so that every verified row costs about a plain step
+        (session 12: rounds of 2-5 rows 3.9-4.8 plain steps at 8 GiB): probing it costs several
+        steps each time for nothing."""
+        pts = {k: c.ms for k, c in self.round_ms.items() if k > 0 and c.n >= 2}
+        if self.round_ms.get(0) is None or len(pts) < 2:
+            return False
+        xs = list(pts)
+        mx, my = sum(xs) / len(xs), sum(pts.values()) / len(xs)
+        slope = sum((x - mx) * (pts[x] - my) for x in xs) / sum((x - mx) ** 2 for x in xs)
         plain = 1.0 / self.round_cost(0)
-        return all((k + 1) / self.round_cost(k) <= plain for k in range(1, k_max + 1))
+        return all((k + 1) / max(1e-9, my + slope * (k - mx)) <= plain
+                   for k in range(1, k_max + 1))
 
     def _probe_len(self, k_max: int) -> int:
-        """probe_k, or one more when probe_k is the only draft length measured: a second length
-        measures the cost per row (the slope `hopeless` and the extrapolations rest on)."""
-        drafted = [x for x in self.round_ms if x > 0]
-        if drafted == [self.probe_k] and k_max > self.probe_k:
-            return self.probe_k + 1
+        """probe_k, or probe_k + 1 once probe_k has two samples and it has fewer: two lengths
+        measured twice give `hopeless` its cost per row."""
+        for k in (self.probe_k, self.probe_k + 1):
+            c = self.round_ms.get(k)
+            if k <= k_max and (c is None or c.n < 2):
+                return k
         return min(k_max, self.probe_k)
 
     def draft_cost(self, name: str, k: int) -> float:
