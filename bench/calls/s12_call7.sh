@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 12, device call 7. Carry [".whl", ".tcache_in", ".fixtures"].
+# Session 12, device calls 7 and 8 (8: after the policy revision). Carry [".whl", ".tcache_in", ".fixtures"].
 # Issue 10: the speculation policy's new exploration (first block of probe_k tokens, plain step
 # measured next, a second probe length, no probes where drafting cannot pay) on the GPU-resident
 # 27B: forced 0 % (overhead bar: >= 0.90x) and 80 % at k = 4, adaptive, 256 tokens.
