@@ -37,9 +37,15 @@ step, if never chosen, is run every min_gap rounds until it has two samples, and
 last sample is older than max_gap rounds, so round_ms[0] is a measurement. At 0 % acceptance the
 policy so settles on the plain step after a few rounds and then spends about log2(n) probe rounds
 of probe_k tokens in n (tests/test_spec_policy_cost.py: < 2 % modelled overhead in 200 rounds
-when a 4-token verify costs 2.1 plain steps, 0.2 % in 3000). Where the measured costs say that
-no acceptance could pay (`hopeless`: every drafted row costs about a plain step, as on a model
-with compute-bound host rows), a due probe is skipped and the drafter's gap set to max_gap.
+when a 4-token verify costs 2.1 plain steps, 0.2 % in 3000).
+
+Exploration where rows may be dear (session 12: on a model with compute-bound host rows every
+verified row costs about a plain step, so drafting cannot pay even at full acceptance): the first
+verify block is probe_k tokens whatever the priors say, the plain step is measured right after
+it, probes sample lengths probe_k and probe_k + 1 twice each (a length's first round in a process
+carries one-time costs), the cost per row is fitted on draft lengths only (the plain step runs
+another path), and where those measurements say no acceptance could beat the plain step
+(`hopeless`) a due probe is skipped and the drafter's gap set to max_gap.
 """
 from __future__ import annotations
 
@@ -247,11 +253,10 @@ class Policy:
         due = [(self.round - self._st(n).last_obs - self._st(n).gap, n)
                for n, (k_max, _) in candidates.items()
                if n != best_name and k_max and self.round - self._st(n).last_obs >= self._st(n).gap]
-        for _, n in list(due):
-            if self.hopeless(candidates[n][0]):
-                st = self._st(n)            # no acceptance could pay: look again only rarely
-                st.gap, st.last_obs = self.max_gap, self.round
-                due.remove((_, n))
+        for n in [n for _, n in due if self.hopeless(candidates[n][0])]:
+            st = self._st(n)                # no acceptance could pay: look again only rarely
+            st.gap, st.last_obs = self.max_gap, self.round
+        due = [(late, n) for late, n in due if self._st(n).last_obs != self.round]
         if due:
             _, name = max(due)
             st = self._st(name)
