@@ -46,23 +46,6 @@ def make_file(path: str, nbytes: int, ts: int, dpos) -> None:
             left -= n
 
 
-class _CAI:
-    def __init__(self, ptr: int, n: int):
-        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False),
-                                         "version": 3, "strides": None}
-
-
-def mapped(arr: np.ndarray) -> tuple[torch.Tensor, int]:
-    """Register arr's pages (Mapped | ReadOnly) and wrap its device address as a CUDA tensor."""
-    import cupy
-    ptr = arr.ctypes.data
-    assert ptr % 4096 == 0
-    cupy.cuda.runtime.hostRegister(ptr, arr.nbytes, 2 | 8)
-    dptr = cupy.cuda.runtime.pointerGetAttributes(ptr).devicePointer
-    t = torch.as_tensor(_CAI(dptr, arr.nbytes), device="cuda")
-    return t, ptr
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gb", type=float, default=2.8)
@@ -73,6 +56,7 @@ def main() -> int:
     from tightfit.kernels.cpu_gemv import gemv as cpu_gemv
     from tightfit.kernels.gemv_cuda import gemv_cuda
     from tightfit.kernels.quantize_act import quantize_act
+    from tightfit.model.pcie_rows import Registration
     rows = []
     for name in a.types.split(","):
         qt, ts, dpos = FMT[name]
@@ -85,11 +69,13 @@ def main() -> int:
         mm = np.memmap(path, np.uint8, "r")
         mm.sum(dtype=np.uint64)                           # into the page cache
         gpu_part, cpu_part = mm[:nmat * mat], mm[nmat * mat:2 * nmat * mat]
-        try:
-            wmap, hptr = mapped(gpu_part)
+        hptr = int(gpu_part.ctypes.data)
+        try:                                              # the engine's registration path
+            reg = Registration([(hptr, hptr + gpu_part.nbytes)])
         except Exception as e:  # noqa: BLE001
             print(f"{name}: registration failed: {e!r}")
             return 1
+        wmap = reg.device_view(gpu_part)
         x = torch.randn(1, K, device="cuda")
         act = quantize_act(x, 0)
         xh = x.cpu().numpy()
@@ -155,7 +141,7 @@ def main() -> int:
                  both_wall_ms=wall_b, both_GBps=2 * gb / wall_b * 1e3)
         rows.append(r)
         print(r, flush=True)
-        cupy.cuda.runtime.hostUnregister(hptr)
+        reg.close()
         del mm, gpu_part, cpu_part, cmats
         os.remove(path)
     print(f"{'type':7s} {'same':>5s} {'H2D':>6s} {'zc GEMV':>8s} {'VRAM':>7s} {'CPU':>6s} "

@@ -249,20 +249,26 @@ def test_public_gemv_batches_k_quants_on_the_avx512_kernel():
     assert np.max(np.abs(y - want) / scale) < 1e-5
 
 
+def _group_case(rng, batch: int, k: int = 512):
+    """Four matrices of the four formats (row counts 301 / 37 / 1 / 53: ragged chunks) as one
+    cpu_gemv.Group, its chunk plan, int8 activations for `batch` rows, the per-thread scale
+    scratch and a NaN-filled output."""
+    mats = [(blocks(rng, n, r, k), T[n]) for n, r in
+            (("IQ4_XS", 301), ("Q4_K", 37), ("Q5_K", 1), ("Q6_K", 53))]
+    grp = G.Group(mats)
+    plan = grp._plan(tuple(range(len(mats))))
+    xq, xd, xs = quantized(rng.standard_normal((batch, k)).astype(np.float32))
+    ssc = G.per_thread(G._POOL, 16, np.int16)
+    return mats, grp, plan, xq, xd, xs, ssc, np.full((batch, grp.n_out), np.nan, np.float32)
+
+
 @needs_avx512
 @pytest.mark.parametrize("batch", [1, 2, 5])
 def test_group_kernel_equals_per_matrix(batch):
     """gemv_avx512_group with cpu_gemv.Group's chunk plan: each matrix's columns bit-identical to
     gemv_avx512 on that matrix alone, and next to the AVX2 gemv_simd_group."""
     rng = np.random.default_rng(40 + batch)
-    k = 512
-    mats = [(blocks(rng, n, r, k), T[n]) for n, r in
-            (("IQ4_XS", 301), ("Q4_K", 37), ("Q5_K", 1), ("Q6_K", 53))]
-    grp = G.Group(mats)
-    ws, qts, cols, cm, c0, c1 = grp._plan(tuple(range(len(mats))))
-    xq, xd, xs = quantized(rng.standard_normal((batch, k)).astype(np.float32))
-    ssc = G.per_thread(G._POOL, 16, np.int16)
-    y = np.full((batch, grp.n_out), np.nan, np.float32)
+    mats, grp, (ws, qts, cols, cm, c0, c1), xq, xd, xs, ssc, y = _group_case(rng, batch)
     A.gemv_avx512_group(ws, qts, cols, cm, c0, c1, xq, xd, xs, y, G._F16, ssc)
     if K.HAVE_AVX2:
         y2 = np.full((batch, grp.n_out), np.nan, np.float32)
@@ -392,14 +398,7 @@ def test_vector_group_kernel_equals_per_matrix(batch):
     """gemv_avx512v_group with Group's chunk plan: each matrix's columns bit-identical to
     gemv_avx512v on that matrix alone and within 1e-5 of float64 on the int8 activations."""
     rng = np.random.default_rng(62 + batch)
-    k = 512
-    mats = [(blocks(rng, n, r, k), T[n]) for n, r in
-            (("IQ4_XS", 301), ("Q4_K", 37), ("Q5_K", 1), ("Q6_K", 53))]
-    grp = G.Group(mats)
-    ws, qts, cols, cm, c0, c1 = grp._plan(tuple(range(len(mats))))
-    xq, xd, xs = quantized(rng.standard_normal((batch, k)).astype(np.float32))
-    ssc = G.per_thread(G._POOL, 16, np.int16)
-    y = np.full((batch, grp.n_out), np.nan, np.float32)
+    mats, grp, (ws, qts, cols, cm, c0, c1), xq, xd, xs, ssc, y = _group_case(rng, batch)
     AV.gemv_avx512v_group(ws, qts, cols, cm, c0, c1, xq, xd, xs, y, G._F16, ssc)
     for (a, b), (w, qt) in zip(grp.spans, mats):
         np.testing.assert_array_equal(y[:, a:b], run(AV.gemv_avx512v, qt.name, w, xq, xd, xs))

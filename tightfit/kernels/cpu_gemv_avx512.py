@@ -398,12 +398,13 @@ def _fma(tyctx, a, b, c):
     return _nt.float32(_nt.float32, _nt.float32, _nt.float32), _fma_codegen
 
 
-def _prefetch_codegen(context, builder, sig, args, locality=3):
-    p = _data(context, builder, sig.args[0], args[0])
-    q = builder.gep(p, [args[1]], source_etype=_I8)
-    # llvm.prefetch(ptr, rw = 0 read, locality = 3 keep, cache = 1 data): prefetcht0. Its name
-    # carries the pointer type, which is opaque (p0) in newer llvmlite and i8* (p0i8) in older;
-    # prefetch never faults, so an address past the array (the next row, or past the last) is fine
+def prefetch_ir(builder, p, off, locality: int = 3) -> None:
+    """Emit a prefetch of byte `off` (an i64 IR value) of byte pointer p.
+    llvm.prefetch(ptr, rw = 0 read, locality (3 keep: prefetcht0, 2: prefetcht1), cache = 1 data).
+    Its name carries the pointer type, which is opaque (p0) in newer llvmlite and i8* (p0i8) in
+    older; prefetch never faults, so an address past the array (the next row, or past the last)
+    is fine."""
+    q = builder.gep(p, [off], source_etype=_I8)
     if getattr(q.type, "is_opaque", False):
         name = "llvm.prefetch.p0"
     else:
@@ -411,6 +412,10 @@ def _prefetch_codegen(context, builder, sig, args, locality=3):
         name = "llvm.prefetch.p0i8"
     f = _fn(builder, name, _ir.VoidType(), [q.type, _I32, _I32, _I32])
     builder.call(f, [q, _ir.Constant(_I32, 0), _ir.Constant(_I32, locality), _ir.Constant(_I32, 1)])
+
+
+def _prefetch_codegen(context, builder, sig, args, locality=3):
+    prefetch_ir(builder, _data(context, builder, sig.args[0], args[0]), args[1], locality)
     return context.get_dummy_value()
 
 

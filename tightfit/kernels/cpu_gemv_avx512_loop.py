@@ -31,7 +31,7 @@ from numba.extending import intrinsic as _intrinsic
 
 from tightfit.kernels.cpu_gemv_avx512 import (COLS, IQ4_XS, PF_ARG, Q4_K, Q5_K, Q6_K, _I8, _I32, _I64,
                                               _Ops, _block_cols, _data, _fn, permute_x,
-                                              row_groups)
+                                              prefetch_ir, row_groups)
 
 _F32 = _ir.FloatType()
 _V16F = _ir.VectorType(_F32, 16)
@@ -46,17 +46,6 @@ def _half(builder, p, off):
     h = builder.load(builder.bitcast(q, _ir.PointerType(_ir.HalfType())) if not getattr(
         q.type, "is_opaque", False) else q, typ=_ir.HalfType(), align=1)
     return builder.fpext(h, _F32)
-
-
-def _prefetch(builder, p, off, locality):
-    q = builder.gep(p, [off], source_etype=_I8)
-    if getattr(q.type, "is_opaque", False):
-        name = "llvm.prefetch.p0"
-    else:
-        q = builder.bitcast(q, _ir.PointerType(_I8))
-        name = "llvm.prefetch.p0i8"
-    f = _fn(builder, name, _ir.VoidType(), [q.type, _I32, _I32, _I32])
-    builder.call(f, [q, _ir.Constant(_I32, 0), _ir.Constant(_I32, locality), _ir.Constant(_I32, 1)])
 
 
 def _splat_f(builder, v):
@@ -99,7 +88,7 @@ def _codegen(kind, ncol):
             for dist, loc in ((p1, 3), (p2, 2)):
                 with builder.if_then(builder.icmp_unsigned(">", dist, zero), likely=True):
                     for c in range(0, ts, 64):
-                        _prefetch(builder, pw, builder.add(dist, _ir.Constant(_I64, c)), loc)
+                        prefetch_ir(builder, pw, builder.add(dist, _ir.Constant(_I64, c)), loc)
             xo = builder.mul(ib, _ir.Constant(_I64, 256))
             so = builder.mul(ib, _ir.Constant(_I64, 16))
             pxs = [builder.gep(px0, [builder.add(r, xo)], source_etype=_I8) for r in xrow]

@@ -695,7 +695,7 @@ class GPUModel:
         self.hostc, self.pcie = {}, {}
         for name, H in self.hostw.items():
             n = split.get(name, 0)
-            self.hostc[name] = P.suffix(H, n)
+            self.hostc[name] = H.tail(n)
             if n:
                 rows = H.w[:n]
                 if cuda:

@@ -26,8 +26,6 @@ CUDA GEMV does not serve stay on the CPU.
 from __future__ import annotations
 
 import os
-from typing import Any
-
 import numpy as np
 import torch
 
@@ -140,18 +138,5 @@ def plan_split(hostw: dict, share: float, quantum: int, served) -> dict[str, int
     return out
 
 
-def suffix(H: Any, n: int) -> Any:
-    """The CPU's part of host suffix H once its first n rows go over PCIe (H itself if n = 0)."""
-    if n == 0:
-        return H
-    from tightfit.model.placed import HostRows
-    view = H.w[n:]
-
-    class _Spec:                       # HostRows reads qtype and ne[0] from the tensor spec
-        qtype = H.qtype
-        ne = (H.n_in,)
-    return HostRows(H.name, _Spec, view, H.row_start + n, H.row_end)
-
-
 __all__ = ["DEFAULT_SHARE", "share_from_env", "pcie_rows", "page_spans", "Registration",
-           "register_or_warn", "plan_split", "suffix"]
+           "register_or_warn", "plan_split"]

@@ -144,6 +144,17 @@ class HostRows:
         from tightfit.kernels.cpu_gemv import gemv
         return gemv(self.w, self.qtype, x, out=out)
 
+    def tail(self, n: int) -> "HostRows":
+        """These rows less the first n (self when n = 0): a view, nothing copied."""
+        if n == 0:
+            return self
+        t = object.__new__(HostRows)
+        t.__dict__.update(self.__dict__)
+        t.w = self.w[n:]
+        t.row_start = self.row_start + n
+        t.n_rows, t.nbytes = self.n_rows - n, int(t.w.nbytes)
+        return t
+
 
 class HostGroup:
     """The host suffixes of several matrices that read the same x (issue 5), computed in ONE
