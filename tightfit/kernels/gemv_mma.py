@@ -84,6 +84,15 @@ _modules: dict[tuple[int, int], dict[int, object]] = {}
 _geom: dict[tuple, tuple] = {}
 
 
+def _options() -> tuple[str, ...]:
+    """NVRTC options; TIGHTFIT_MMA_LEGACY=1 builds session 11's arithmetic (I2F conversions, int64
+    split arithmetic, a fence at every fixup arrival) for A/B timing (bench/NOTES.md, session 13)."""
+    legacy = os.environ.get("TIGHTFIT_MMA_LEGACY", "0").strip()
+    if legacy not in ("0", "1", ""):
+        raise ValueError(f"TIGHTFIT_MMA_LEGACY={legacy!r}: expected 0 or 1")
+    return ("-std=c++17",) + (("-DTF_MMA_LEGACY=1",) if legacy == "1" else ())
+
+
 def source() -> str:
     """Translation unit: gemv_common.cuh + gemv_mma.cuh + gemv_mma_pipe.cuh."""
     return ((CUDA_DIR / COMMON).read_text() + "\n// ---- " + MMA + "\n"
@@ -141,7 +150,7 @@ def _module(qtype: int, device: int) -> dict[tuple[int, int], object]:
             cp = _rt.cupy()
             names = kernel_names(qtype)
             with cp.cuda.Device(device):
-                mod = cp.RawModule(code=source(), options=("-std=c++17",), name_expressions=names)
+                mod = cp.RawModule(code=source(), options=_options(), name_expressions=names)
                 mods = {key: mod.get_function(n) for key, n in zip(KERNELS, names)}
             _modules[key] = mods
     return mods
@@ -173,7 +182,7 @@ def _pipe_fn(qtype: int, device: int, rt: int, nst: int):
                 cp = _rt.cupy()
                 name = PIPE_KERNEL.format(m=_formats()[int(qtype)], rt=rt, nst=nst)
                 with cp.cuda.Device(device):
-                    mod = cp.RawModule(code=source(), options=("-std=c++17",), name_expressions=[name])
+                    mod = cp.RawModule(code=source(), options=_options(), name_expressions=[name])
                     fn = mod.get_function(name)
                     sm = pipe_smem(qtype, rt, nst)
                     if sm > 48 << 10:
@@ -362,6 +371,9 @@ def geometry(qtype: int, n_in: int, n_out: int, sms: int, ctas_per_sm: int = 2,
     per = -(-items // slots)                       # items per warp
     ctas = -(-min(items, slots) // WARPS) if fill else -(-(-(-items // per)) // WARPS)
     nw = ctas * WARPS
+    if items * nw >= 1 << 32:
+        # the kernels' split arithmetic is 32-bit (gemv_mma.cuh tf_mma_ix)
+        raise ValueError(f"MMA GEMV: {items} work items x {nw} warps >= 2^32 ({n_out} x {n_in})")
     bounds = items * np.arange(1, nw, dtype=np.int64) // nw
     split = bool((bounds % spt != 0).any())
     return ctas, split

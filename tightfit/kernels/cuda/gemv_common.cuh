@@ -193,6 +193,29 @@ TF_DEV float tf_h2f(uint16_t h) {
 #endif
 }
 
+// ---------------------------------------------------------------- small integers to fp32 without I2F
+// Why: int -> fp32 conversions (I2F / I2FP) issue on the ALU pipe, which the tensor-core GEMV's
+// decode (PRMT / LOP3 / SHF) already keeps busy; an FADD goes to the FMA pipe. For |v| < 2^22 the
+// fp32 with bits 0x4B400000 + v is 2^23 + 2^22 + v exactly (v moves only the mantissa), so
+// subtracting 12582912 gives v exactly: the same value as (float)v, bit for bit.
+#define TF_F32_BIAS 0x4B400000        // bits of 12582912.f = 1.5 * 2^23
+#define TF_F32_BIASF 12582912.f
+TF_DEV float tf_bits_f32(uint32_t b) {
+#if TF_DEVICE
+  return __uint_as_float(b);
+#else
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+#endif
+}
+// b = TF_F32_BIAS + v as an integer (e.g. an mma accumulated onto C = TF_F32_BIAS), |v| < 2^22
+TF_DEV float tf_biased_f32(int b) { return tf_bits_f32((uint32_t)b) - TF_F32_BIASF; }
+// u in [0, 2^23): bits 0x4B000000 | u are 2^23 + u exactly; minus (2^23 + off) = u - off exactly
+TF_DEV float tf_u23_f32(uint32_t u, int off) {
+  return tf_bits_f32(u | 0x4B000000u) - (float)(8388608 + off);
+}
+
 // ---------------------------------------------------------------- loads (little-endian)
 TF_DEV uint32_t tf_ld_u16(const uint8_t* p) {  // p 2-byte aligned
 #if TF_DEVICE

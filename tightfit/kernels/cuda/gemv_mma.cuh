@@ -39,6 +39,17 @@
 // Group value for row r and column c: xd[c, grp] * (ws_r * dot_int - wm_r * sum(x_q over group)).
 #pragma once
 
+// TF_MMA_LEGACY=1 (gemv_mma.py: TIGHTFIT_MMA_LEGACY=1) builds the session-11 arithmetic for A/B
+// timing: I2F conversions, int64 split arithmetic, a fence.acq_rel at every fixup arrival.
+#ifndef TF_MMA_LEGACY
+#define TF_MMA_LEGACY 0
+#endif
+#if TF_MMA_LEGACY
+#define TF_MMA_CBIAS 0                // the mma's C: plain integer dots
+#else
+#define TF_MMA_CBIAS TF_F32_BIAS      // the mma's C: dots come out as fp32 bits (tf_biased_f32)
+#endif
+
 #define TF_MMA_THREADS 256
 #define TF_MMA_WARPS (TF_MMA_THREADS / 32)
 #define TF_MMA_M4 0x0F0F0F0Fu
@@ -88,6 +99,7 @@ struct M_Q8_0 {
 // j is a compile-time constant after unrolling, so every shift below is an immediate.
 TF_DEV void tf_mma_k4_scale(const uint32_t (&h)[4], int j, float& ws, float& wm) {
   const uint32_t S0 = h[1], S1 = h[2], S2 = h[3];
+#if TF_MMA_LEGACY
   uint32_t sc, m;
   if (j < 4) {
     sc = (S0 >> (8 * j)) & 63u;
@@ -99,6 +111,22 @@ TF_DEV void tf_mma_k4_scale(const uint32_t (&h)[4], int j, float& ws, float& wm)
   }
   ws = tf_h2f((uint16_t)h[0]) * (float)sc;
   wm = tf_h2f((uint16_t)(h[0] >> 16)) * (float)m;
+#else
+  // The four 6-bit values of a word at once (byte k = value k: the same masks serve four j, and
+  // ptxas shares them across the unrolled groups), then one PRMT per value builds the fp32 bits
+  // 0x4B0000vv = 2^23 + v (bytes 1, 2 from the constant's zero bytes, byte 3 its 0x4B).
+  uint32_t sc4, m4;
+  if (j < 4) {
+    sc4 = S0 & 0x3F3F3F3Fu;
+    m4 = S1 & 0x3F3F3F3Fu;
+  } else {
+    sc4 = (S2 & 0x0F0F0F0Fu) | ((S0 >> 2) & 0x30303030u);
+    m4 = ((S2 >> 4) & 0x0F0F0F0Fu) | ((S1 >> 2) & 0x30303030u);
+  }
+  const uint32_t sel = 0x7440u | (uint32_t)(j & 3);
+  ws = tf_h2f((uint16_t)h[0]) * (tf_bits_f32(tf_prmt(sc4, 0x4B000000u, sel)) - 8388608.f);
+  wm = tf_h2f((uint16_t)(h[0] >> 16)) * (tf_bits_f32(tf_prmt(m4, 0x4B000000u, sel)) - 8388608.f);
+#endif
 }
 
 // ------------------------------------------------------------------ Q4_K (type 12)
@@ -174,6 +202,7 @@ struct M_Q6_K {
   // U = 1: at U = 2 the 16 groups' hoisted x words and sums spilled at 128 registers
   static constexpr int TYPE = 14, QK = 256, BB = 210, KS = 16, NG = 16, U = 1;
   static constexpr bool MINS = true;
+  static constexpr int OFF = 32;       // wm = OFF * ws: the offset folds into the integer dot
   struct Raw { uint32_t ql[8], qh[4], sc[4], d; };
   TF_DEV static void load(const uint8_t* __restrict__ blk, int t, Raw& r) {
 #pragma unroll
@@ -197,7 +226,11 @@ struct M_Q6_K {
   }
   TF_DEV static void scale(const Raw& r, int G, float& ws, float& wm) {
     const int sc = (int)(int8_t)(uint8_t)(r.sc[G >> 2] >> (8 * (G & 3)));
+#if TF_MMA_LEGACY
     ws = tf_h2f((uint16_t)r.d) * (float)sc;
+#else
+    ws = tf_h2f((uint16_t)r.d) * tf_biased_f32(TF_F32_BIAS + sc);
+#endif
     wm = 32.f * ws;
   }
 };
@@ -246,10 +279,18 @@ struct M_IQ4_XS {
   }
   TF_DEV static void scale(const Raw& r, int j, float& ws, float& wm) {
     const uint32_t ls = ((r.h[1] >> (4 * j)) & 15u) | (((r.h[0] >> (16 + 2 * j)) & 3u) << 4);
+#if TF_MMA_LEGACY
     ws = tf_h2f((uint16_t)r.h[0]) * (float)((int)ls - 32);
+#else
+    ws = tf_h2f((uint16_t)r.h[0]) * tf_u23_f32(ls, 32);
+#endif
     wm = 0.f;
   }
 };
+
+// Integer code offset of a format whose wm is OFF * ws (Q6_K: 32), else 0.
+template <class M, class = void> struct tf_mma_off { static constexpr int v = 0; };
+template <class M> struct tf_mma_off<M, decltype((void)M::OFF)> { static constexpr int v = M::OFF; };
 
 #define TF_MMA_FORMATS(X) X(M_Q8_0, 8) X(M_Q4_K, 12) X(M_Q5_K, 13) X(M_Q6_K, 14) X(M_IQ4_XS, 23)
 
@@ -266,24 +307,34 @@ template <class M, int NT, int RT = 1> struct tf_mma_u {
 // Host and device (the g++ harness runs these; gemv_mma.fixup_plan mirrors them in Python).
 // Items = (tile group, step); warp w of nw takes items [tf_mma_start(w), tf_mma_start(w + 1)).
 #define TF_MMA_SLOT_FLOATS 8      // fixup slot floats per lane: max NT * RT * 4 over the kernels
-TF_DEV int64_t tf_mma_start(int64_t items, int64_t nw, int64_t w) { return items * w / nw; }
+// Split arithmetic in 32 bits: gemv_mma.geometry() refuses a launch with items * nw >= 2^32, so
+// every product below fits, and a 32-bit division is a short inline sequence where the int64 one
+// was a called routine (several per fixup arrival). TF_MMA_LEGACY keeps int64.
+#if TF_MMA_LEGACY
+typedef int64_t tf_mma_ix;
+#else
+typedef uint32_t tf_mma_ix;
+#endif
+TF_DEV tf_mma_ix tf_mma_start(tf_mma_ix items, tf_mma_ix nw, tf_mma_ix w) { return items * w / nw; }
 // Owner of item i: the largest w with start(w) <= i, i.e. items * w < (i + 1) * nw (never empty).
-TF_DEV int64_t tf_mma_owner(int64_t items, int64_t nw, int64_t i) { return ((i + 1) * nw - 1) / items; }
+TF_DEV tf_mma_ix tf_mma_owner(tf_mma_ix items, tf_mma_ix nw, tf_mma_ix i) {
+  return ((i + 1) * nw - 1) / items;
+}
 // Fixup slot of warp w's piece of tile group tg (a = tg * spt, its first item): 0 when w's range
 // starts inside tg, i.e. start(w) >= a (tg is w's first group), else 1 (tg is then w's last group:
 // the groups between are covered whole and use no slot).
-TF_DEV int tf_mma_slot(int64_t items, int64_t nw, int64_t a, int64_t w) {
+TF_DEV int tf_mma_slot(tf_mma_ix items, tf_mma_ix nw, tf_mma_ix a, tf_mma_ix w) {
   return tf_mma_start(items, nw, w) >= a ? 0 : 1;
 }
 // Pieces of tile group tg: P, and piece k's warp (ascending in k). wf = owner of its first item.
 // items >= nw: no warp is empty (each gets >= 1 item), so the pieces are warps wf .. wf + P - 1,
 // wf + P - 1 = owner of its last item. items < nw: every non-empty warp has exactly one item, so
 // there is one piece per item: P = spt, piece k = owner(a + k).
-TF_DEV int tf_mma_pieces(int64_t items, int64_t nw, int spt, int64_t a) {
+TF_DEV int tf_mma_pieces(tf_mma_ix items, tf_mma_ix nw, int spt, tf_mma_ix a) {
   return items >= nw ? (int)(tf_mma_owner(items, nw, a + spt - 1) - tf_mma_owner(items, nw, a) + 1)
                      : spt;
 }
-TF_DEV int64_t tf_mma_piece(int64_t items, int64_t nw, int64_t a, int64_t wf, int k) {
+TF_DEV tf_mma_ix tf_mma_piece(tf_mma_ix items, tf_mma_ix nw, tf_mma_ix a, tf_mma_ix wf, int k) {
   return items >= nw ? wf + k : tf_mma_owner(items, nw, a + k);
 }
 // Only piece 0 can use slot 1: every later piece's warp starts after a (start(wf + 1) > a).
@@ -292,17 +343,21 @@ TF_DEV int64_t tf_mma_piece(int64_t items, int64_t nw, int64_t a, int64_t wf, in
 // ------------------------------------------------------------------ tensor-core primitives
 // D = A . B with C = 0 (one mma per group: the group's scales differ, so its integer dot must
 // come out separately). Plain asm (no volatile / memory clobber): pure register arithmetic.
-TF_DEV void tf_mma_k32(const uint32_t (&a)[4], const uint32_t (&b)[2], int (&d)[4]) {
+// D = A . B + C: C = TF_MMA_CBIAS (per column c[0], c[1] = columns 2t, 2t+1 of rows g and g+8),
+// so D's bits are the fp32 TF_F32_BIASF + dot (tf_biased_f32) and no I2F is needed.
+TF_DEV void tf_mma_k32(const uint32_t (&a)[4], const uint32_t (&b)[2], const int (&c)[2],
+                       int (&d)[4]) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%10,%10,%10,%10};"
+      "{%10,%11,%10,%11};"
       : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(c[0]), "r"(c[1]));
 }
-TF_DEV void tf_mma_k16(const uint32_t (&a)[2], const uint32_t (&b)[1], int (&d)[4]) {
+TF_DEV void tf_mma_k16(const uint32_t (&a)[2], const uint32_t (&b)[1], const int (&c)[2],
+                       int (&d)[4]) {
   asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-      "{%7,%7,%7,%7};"
+      "{%7,%8,%7,%8};"
       : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(b[0]), "r"(0));
+      : "r"(a[0]), "r"(a[1]), "r"(b[0]), "r"(c[0]), "r"(c[1]));
 }
 
 // Activation side loads of the epilogue (device: one vector load each; alignment below).
@@ -333,17 +388,34 @@ TF_DEV void tf_mma_group(const uint32_t (&w0)[M::KS / 16], const uint32_t (&w1)[
                          const uint32_t (&b)[M::KS / 16], float ws0, float wm0, float ws1,
                          float wm1, const float (&xdv)[2], const int (&xs)[2], float (&acc)[4]) {
   int d[4];
+#if TF_MMA_LEGACY
+  const int c[2] = {0, 0};
+  constexpr bool FOLD = false;
+#else
+  // Q6_K (OFF = 32): W = ws * (code - 32), so the group's value is ws * (dot - 32 * xsum): the
+  // offset rides in the mma's C (|dot - 32 xsum| < 2^22) and the float mins term goes away.
+  constexpr bool FOLD = tf_mma_off<M>::v != 0;
+  int c[2] = {TF_MMA_CBIAS, TF_MMA_CBIAS};
+  if constexpr (FOLD) {
+    c[0] -= tf_mma_off<M>::v * xs[0];
+    c[1] -= tf_mma_off<M>::v * xs[1];
+  }
+#endif
   if constexpr (M::KS == 32) {
     const uint32_t a[4] = {w0[0], w1[0], w0[1], w1[1]};
-    tf_mma_k32(a, b, d);
+    tf_mma_k32(a, b, c, d);
   } else {
     const uint32_t a[2] = {w0[0], w1[0]};
-    tf_mma_k16(a, b, d);
+    tf_mma_k16(a, b, c, d);
   }
 #pragma unroll
   for (int cc = 0; cc < 2; ++cc) {
+#if TF_MMA_LEGACY
     float s0 = ws0 * (float)d[cc], s1 = ws1 * (float)d[2 + cc];
-    if constexpr (M::MINS) {
+#else
+    float s0 = ws0 * tf_biased_f32(d[cc]), s1 = ws1 * tf_biased_f32(d[2 + cc]);
+#endif
+    if constexpr (M::MINS && !FOLD) {
       const float f = (float)xs[cc];
       s0 -= wm0 * f;
       s1 -= wm1 * f;
@@ -474,7 +546,8 @@ TF_DEV void tf_mma_flush(float* __restrict__ y, int n_out, int ncols, int row0, 
 // Protocol of a warp that finishes tile group tg without covering it whole:
 //   1. every lane stores its acc to its slot (L2 stores, __stcg), __syncwarp() (the stores happen
 //      before ...);
-//   2. lane 0: fence.acq_rel.gpu + relaxed atom.add on cnt[tg] (... this release pattern), and
+//   2. lane 0: atom.release.gpu add on cnt[tg] (... this release; TF_MMA_LEGACY: fence.acq_rel +
+//      relaxed atom.add, whose acquire half invalidated the SM's L1 at every arrival), and
 //      broadcasts the old count;
 //   3. P = the number of warps with items in tg (tf_mma_pieces); old != P - 1: done (not last);
 //   4. last: fence.acq_rel.gpu (acquire), then sum the P slots (L2 loads, __ldcg) in ascending
@@ -496,21 +569,31 @@ TF_DEV int tf_mma_arrive(int* c) {
   asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(c) : "memory");
   return old;
 }
+// The same arrival as a release atomic: it orders the warp's slot stores (made visible to it by
+// __syncwarp, which orders memory among the warp's lanes) before the count, like the fence +
+// relaxed pair, but without the fence's acquire half (fence.acq_rel.gpu compiles to MEMBAR +
+// CCTL.IVALL: every arrival invalidated its SM's L1, where the other warps' x fragments live).
+// Only the warp that arrives last needs the acquire, and takes it with tf_mma_fence().
+TF_DEV int tf_mma_arrive_release(int* c) {
+  int old;
+  asm volatile("atom.release.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(c) : "memory");
+  return old;
+}
 TF_DEV void tf_mma_fence() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // Sum the P pieces of tile group tg (this warp arrived last) in ascending warp order into acc,
 // store them, reset the group's counter.
 template <int RT, int NT>
 TF_DEV void tf_mma_reduce(float* __restrict__ y, int n_out, int ncols, int tg, int g, int t,
-                          int64_t items, int64_t nw, int spt, int* cnt, const float* part,
+                          tf_mma_ix items, tf_mma_ix nw, int spt, int* cnt, const float* part,
                           float (&acc)[RT][NT][4]) {
   constexpr int SLOT = TF_MMA_SLOT_FLOATS * 32;
   const int lane = 4 * g + t;
-  const int64_t a = (int64_t)tg * spt;
+  const tf_mma_ix a = (tf_mma_ix)tg * spt;
   const int P = tf_mma_pieces(items, nw, spt, a);
-  const int64_t wf = tf_mma_owner(items, nw, a);
+  const tf_mma_ix wf = tf_mma_owner(items, nw, a);
   for (int k = 0; k < P; ++k) {                              // ascending warp order
-    const int64_t v = tf_mma_piece(items, nw, a, wf, k);
+    const tf_mma_ix v = tf_mma_piece(items, nw, a, wf, k);
     const float* p = part + (v * 2 + (k == 0 ? tf_mma_slot(items, nw, a, v) : 0)) * SLOT + lane;
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt)
@@ -543,10 +626,10 @@ TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, i
     asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
     asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(ncta));
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-    const int64_t items = (int64_t)((n_out + 16 * RT - 1) / (16 * RT)) * spt;
-    const int64_t nw = (int64_t)ncta * TF_MMA_WARPS;
-    const int64_t gw = (int64_t)cta * TF_MMA_WARPS + (tid >> 5);
-    const int64_t a = (int64_t)tg * spt;
+    const tf_mma_ix items = (tf_mma_ix)((n_out + 16 * RT - 1) / (16 * RT)) * spt;
+    const tf_mma_ix nw = (tf_mma_ix)ncta * TF_MMA_WARPS;
+    const tf_mma_ix gw = (tf_mma_ix)cta * TF_MMA_WARPS + (tid >> 5);
+    const tf_mma_ix a = (tf_mma_ix)tg * spt;
     float* mine = part + (gw * 2 + tf_mma_slot(items, nw, a, gw)) * SLOT + lane;
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt)
@@ -557,8 +640,12 @@ TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, i
     __syncwarp();
     int old = 0;
     if (lane == 0) {
+#if TF_MMA_LEGACY
       tf_mma_fence();
       old = tf_mma_arrive(cnt + tg);
+#else
+      old = tf_mma_arrive_release(cnt + tg);
+#endif
     }
     old = __shfl_sync(0xffffffffu, old, 0);
     if (old != tf_mma_pieces(items, nw, spt, a) - 1) return;   // warp-uniform: not the last
@@ -596,9 +683,9 @@ tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float
   const int nb = K / M::QK;
   const int spt = (nb + U - 1) / U;
   const int tiles = (n_out + 15) >> 4;
-  const int64_t items = (int64_t)tiles * spt;
-  const int64_t nw = (int64_t)gridDim.x * TF_MMA_WARPS;
-  const int64_t gw = (int64_t)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
+  const tf_mma_ix items = (tf_mma_ix)tiles * spt;
+  const tf_mma_ix nw = (tf_mma_ix)gridDim.x * TF_MMA_WARPS;
+  const tf_mma_ix gw = (tf_mma_ix)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
   int it = (int)(items * gw / nw);
   const int iend = (int)(items * (gw + 1) / nw);
   // offsets fit in int: N <= 16 columns of K < 2^26 elements
@@ -668,9 +755,9 @@ tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
   const int nb = K / M::QK;
   const int spt = (nb + U - 1) / U;
   const int groups = (n_out + 16 * RT - 1) / (16 * RT);
-  const int64_t items = (int64_t)groups * spt;
-  const int64_t nw = (int64_t)gridDim.x * TF_MMA_WARPS;
-  const int64_t gw = (int64_t)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
+  const tf_mma_ix items = (tf_mma_ix)groups * spt;
+  const tf_mma_ix nw = (tf_mma_ix)gridDim.x * TF_MMA_WARPS;
+  const tf_mma_ix gw = (tf_mma_ix)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
   int it = (int)(items * gw / nw);
   const int iend = (int)(items * (gw + 1) / nw);
   // offsets fit in int: N <= 16 columns of K < 2^26 elements

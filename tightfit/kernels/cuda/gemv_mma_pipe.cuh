@@ -88,9 +88,9 @@ tf_mma_pipe(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const 
   const uint32_t rowbytes = (uint32_t)nb * M::BB;
   const int spt = (nb + U - 1) / U;
   const int groups = (n_out + G::ROWS - 1) / G::ROWS;
-  const int64_t items = (int64_t)groups * spt;
-  const int64_t nw = (int64_t)gridDim.x * TF_MMA_WARPS;
-  const int64_t gw = (int64_t)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
+  const tf_mma_ix items = (tf_mma_ix)groups * spt;
+  const tf_mma_ix nw = (tf_mma_ix)gridDim.x * TF_MMA_WARPS;
+  const tf_mma_ix gw = (tf_mma_ix)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
   int it = (int)(items * gw / nw);
   const int iend = (int)(items * (gw + 1) / nw);
   const uint8_t* ring = tf_mmp_smem + (threadIdx.x >> 5) * G::WARP_BYTES;
