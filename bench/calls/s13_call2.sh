@@ -10,7 +10,7 @@ export TIGHTFIT_DEVICE_EMBED=1
 V="python3 bench/verify_profile.py --ms 5 --out \$D > \$D/v.txt 2>&1; rc=\$?; grep -E 'step:|graph|tf_mma' \$D/v.txt | head -8; exit \$rc"
 exec bash bench/suite.sh 580 \
  "tests|150|python3 -m pytest -q -x tests/test_gemv_mma_device.py tests/test_gemv_route_mma.py 2>&1 | grep -E '^E |passed|failed' | tail -6" \
- "pf0|80|TIGHTFIT_MMA_PF=0 $V" \
+ "pf0|120|TIGHTFIT_MMA_PF=0 $V" \
  "pf1|45|TIGHTFIT_MMA_PF=1 $V" \
  "pf2|45|TIGHTFIT_MMA_PF=2 $V" \
  "pf3|45|TIGHTFIT_MMA_PF=3 $V" \
