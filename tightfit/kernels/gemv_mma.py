@@ -58,7 +58,6 @@ RTS = (1, 2)                        # 16-row tiles per warp (config "rt" / env T
 # 34.0/33.9, Q5_K 47.1/47.2 -> 35.8/36.4, IQ4_XS 40.1/42.1 -> 36.2/36.8, Q6_K 72.9/70.9 ->
 # 65.9/64.6, Q8_0 65.8/64.8 -> 58.4/57.9; N = 1 equal or better. So 2 is the default at N <= 8.
 DEFAULT_RT = 2
-DEFAULT_PF = 1          # L2 prefetch distance (steps) of tf_mma / tf_mma_rt: bench/NOTES.md session 13
 # (nt, rt) -> kernel template; rt = 2 only at nt = 1 (N <= 8: at nt = 2 it spilled hundreds of bytes)
 KERNELS = {(1, 1): "tf_mma<{m}, 1>", (2, 1): "tf_mma<{m}, 2>", (1, 2): "tf_mma_rt<{m}, 1, 2>"}
 # Pipelined variant (gemv_mma_pipe.cuh: weights staged through a per-warp cp.async ring of NST
@@ -380,19 +379,6 @@ def geometry(qtype: int, n_in: int, n_out: int, sms: int, ctas_per_sm: int = 2,
     return ctas, split
 
 
-def _prefetch(config: dict | None) -> int:
-    """L2 prefetch distance in steps (work items) of tf_mma / tf_mma_rt (config "pf" or env
-    TIGHTFIT_MMA_PF; 0 = off; the pipelined kernel ignores it: its ring prefetches)."""
-    v = (config or {}).get("pf", os.environ.get("TIGHTFIT_MMA_PF", str(DEFAULT_PF)))
-    try:
-        pf = int(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"MMA GEMV: prefetch distance {v!r} is not an integer") from None
-    if not 0 <= pf <= 8:
-        raise ValueError(f"MMA GEMV: prefetch distance {pf} not in 0..8")
-    return pf
-
-
 def _chunks(n: int) -> list[tuple[int, int]]:
     return [(c, min(16, n - c)) for c in range(0, n, 16)]
 
@@ -452,7 +438,6 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
     pw, pq, pd, ps, py = (w_raw.data_ptr(), q.data_ptr(), d.data_ptr(), s16.data_ptr(),
                           out.data_ptr())
     K, N_OUT = np.int32(k), np.int32(n_out)
-    PF = np.int32(_prefetch(config))
     ws = _workspace(dev.index, *need)
     pc, pp = np.uint64(ws.cnt), np.uint64(ws.part)
     with stream:    # the chunks' launches are stream-ordered: they reuse the same counters / slots
@@ -460,7 +445,7 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
             fn(grid, (THREADS, 1, 1),
                (np.uint64(pw), np.uint64(pq + c0 * k), np.uint64(pd + c0 * (k // 32) * 4),
                 np.uint64(ps + c0 * (k // 16) * 4), np.uint64(py + c0 * n_out * 4), N_OUT, K,
-                np.int32(nc), pc, pp, PF), shared_mem=sm)
+                np.int32(nc), pc, pp), shared_mem=sm)
     return out
 
 
@@ -613,13 +598,13 @@ def compile_report(arch: str = "sm_90", nvcc: str | None = None) -> list[dict]:
         for v in KERNELS.values():
             src += (f"template __global__ void {v.format(m=name)}(const uint8_t*, "
                     "const int8_t*, const float*, const int*, float*, int, int, int, int*, "
-                    "float*, int);\n")
+                    "float*);\n")
         if t in PIPE_TYPES:
             for rt in RTS:
                 for nst in PIPE_NSTS:
                     src += (f"template __global__ void {PIPE_KERNEL.format(m=name, rt=rt, nst=nst)}"
                             "(const uint8_t*, const int8_t*, const float*, const int*, float*, "
-                            "int, int, int, int*, float*, int);\n")
+                            "int, int, int, int*, float*);\n")
     with tempfile.TemporaryDirectory() as td:
         cu = os.path.join(td, "tf_mma.cu")
         Path(cu).write_text(src)

@@ -658,20 +658,6 @@ TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, i
   for (int rt = 0; rt < RT; ++rt) tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, acc[rt]);
 }
 
-// L2 prefetch of the step pf items ahead inside the warp's current tile-group segment: each lane
-// touches its own rows' U blocks at 4 points (lane t of a row at offset t * (U*BB - 1) / 3: at
-// most 91 bytes apart, so every 128-byte line of the span gets one).
-// Why: a warp loads a step's weights only when it starts the step and then waits a DRAM latency
-// (~1 us) before its first mma; with 4 warps per scheduler (128 registers) little else hides it,
-// and registers for a second step in flight would spill. A prefetch to L2 holds no register, and
-// the step's own loads then hit L2. Steps past the segment (another warp's) or the row's last
-// block are not prefetched.
-template <class M, int U>
-TF_DEV void tf_mma_prefetch(const uint8_t* __restrict__ row, int b, int t) {
-  const uint8_t* p = row + (uint64_t)b * M::BB + t * ((U * M::BB - 1) / 3);
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 // tf_mma: one 16-row tile per warp (the default; kept apart from tf_mma_rt's general form, with
 // which ptxas spilled a few bytes at RT = 1).
 // Work split ("stream-K"): a work item is one step = U consecutive blocks of one 16-row tile
@@ -690,7 +676,7 @@ template <class M, int NT>
 __global__ void __launch_bounds__(TF_MMA_THREADS, 2)
 tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
        const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int ncols,
-       int* cnt, float* part, int pf) {
+       int* cnt, float* part) {
   constexpr int U = tf_mma_u<M, NT>::U;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -726,10 +712,6 @@ tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[0][T][i] = 0.f;
     for (int b = s0 * U; b < s1 * U; b += U) {
-      if (pf > 0 && b + (pf + 1) * U <= (s1 * U < nb ? s1 * U : nb)) {   // pf: distance in steps
-        tf_mma_prefetch<M, U>(wr0, b + pf * U, t);
-        tf_mma_prefetch<M, U>(wr1, b + pf * U, t);
-      }
       typename M::Raw r0[U][1], r1[U][1];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -766,7 +748,7 @@ template <class M, int NT, int RT>
 __global__ void __launch_bounds__(TF_MMA_THREADS, 2)
 tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
        const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int ncols,
-       int* cnt, float* part, int pf) {
+       int* cnt, float* part) {
   constexpr int U = tf_mma_u<M, NT, RT>::U;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -809,13 +791,6 @@ tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[rt][T][i] = 0.f;
     for (int b = s0 * U; b < s1 * U; b += U) {
-      if (pf > 0 && b + (pf + 1) * U <= (s1 * U < nb ? s1 * U : nb)) {   // pf: distance in steps
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt) {
-          tf_mma_prefetch<M, U>(wr0[rt], b + pf * U, t);
-          tf_mma_prefetch<M, U>(wr1[rt], b + pf * U, t);
-        }
-      }
       typename M::Raw r0[U][RT], r1[U][RT];
 #pragma unroll
       for (int u = 0; u < U; ++u) {

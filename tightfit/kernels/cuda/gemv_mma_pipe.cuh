@@ -78,8 +78,7 @@ template <class M, int RT, int NST>
 __global__ void __launch_bounds__(TF_MMA_THREADS, 2)
 tf_mma_pipe(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
             const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int ncols,
-            int* cnt, float* part, int pf) {
-  (void)pf;    // the cp.async ring is this kernel's prefetch (NST - 1 items ahead)
+            int* cnt, float* part) {
   using G = tf_mmp_geo<M, RT, NST>;
   constexpr int U = G::U;
   extern __shared__ __align__(16) uint8_t tf_mmp_smem[];
