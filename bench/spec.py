@@ -27,6 +27,14 @@ when the budget is spent):
      greedy, twice (the second request sees the first one's output in the shared suffix cache):
      checks that the speculative tokens equal the plain ones; prints acceptance per drafter.
 
+With --copycat the model is tightfit/model/copycat.py's copying 27B (same tensors, types and bytes
+per token as --seedmix, every weight zero but a hand-built induction circuit): its greedy output
+copies from its context as a real model's does on these tasks, so the real drafters meet realistic
+acceptance (random weights never repeat anything). Prompts (--real-prompts): repeat (copy a short
+listing back twice), edit (a ~2,000-token Python file with a rename to apply: the answer is the
+file again), prose, zh-seed004; --repeat 2 replays each request (the second sees the first one's
+output in the suffix cache: a multi-turn agent replay).
+
 Other uses:
   python3 bench/spec.py --device cpu                 # tiny synthetic model on CPU (smoke test)
   python3 bench/spec.py --device cpu --gpu-executor  # the same through GPUModel + BlockVerifier
@@ -68,13 +76,24 @@ REPEAT = ("<|im_start|>user\nCopy this code back exactly, then copy it a second 
           + "<|im_end|>\n<|im_start|>assistant\n" + CODE)
 
 
+def edit_prompt() -> str:
+    """Edit a ~2,000-token code file (this repository's suffix drafter, its first 7,000
+    characters): the answer is the file with one rename, i.e. mostly a copy."""
+    src = os.path.join(os.path.dirname(__file__), "..", "tightfit", "runtime", "spec", "suffix.py")
+    with open(src, encoding="utf-8") as f:
+        code = f.read()[:7000]
+    return ("<|im_start|>user\nRename the class SuffixCache to SuffixStore everywhere in this file "
+            "and give me the whole file back:\n\n```python\n" + code + "```<|im_end|>\n"
+            "<|im_start|>assistant\n```python\n")
+
+
 def expected_per_round(r: float, k: int) -> float:
     """Tokens per verify forward with i.i.d. acceptance r of k drafted tokens (+1 target token)."""
     return float(k + 1) if r >= 1.0 else (1.0 - r ** (k + 1)) / (1.0 - r)
 
 
 def prompts(engine, n_ctx: int) -> dict[str, list[int]]:
-    out = {"repeat": REPEAT, "prose": PROSE}
+    out = {"repeat": REPEAT, "prose": PROSE, "edit": edit_prompt()}
     try:
         seeds = sorted(f for f in os.listdir(SEED) if f.startswith("004_"))
         if seeds:
@@ -137,6 +156,14 @@ def build_model(a) -> str:
     from tightfit.model.generate import make_model
     if a.model:
         return a.model
+    if a.copycat:
+        from tightfit.model.copycat import make_copycat
+        path = a.path or "/tmp/copycat.gguf"
+        if not os.path.exists(path):
+            t = time.time()
+            make_copycat(path, preset="qwen3.8-27b-seedmix", layers=a.layers)
+            print(f"generated {path} in {time.time() - t:.1f}s", flush=True)
+        return path
     if a.seedmix:
         path = a.path or ("/tmp/seedmix-mtp.gguf" if a.mtp else "/tmp/seedmix.gguf")
         if not os.path.exists(path):
@@ -175,7 +202,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model")
     ap.add_argument("--seedmix", action="store_true", help="generate the seed-mix 27B (as bench/e2e.py)")
-    ap.add_argument("--path", default=None, help="where --seedmix writes (reused when present)")
+    ap.add_argument("--copycat", action="store_true",
+                    help="the copying 27B (tightfit/model/copycat.py): real drafters on copy tasks")
+    ap.add_argument("--path", default=None, help="where --seedmix / --copycat write (reused when present)")
     ap.add_argument("--layers", type=int, default=None, help="--seedmix: a slice of N layers")
     ap.add_argument("--mtp", action="store_true", help="generated model with an MTP block; draft with it")
     ap.add_argument("--gpu-executor", action="store_true",
@@ -198,7 +227,8 @@ def main() -> int:
                     help="forced mode rows: fixed (adaptive=False, raw cost), adaptive (policy on)")
     ap.add_argument("--synth-k", default="4")
     ap.add_argument("--skip-real", action="store_true")
-    ap.add_argument("--real-prompts", default="repeat", help="comma list of: repeat,prose,zh-seed004,all")
+    ap.add_argument("--real-prompts", default="repeat",
+                    help="comma list of: repeat,edit,prose,zh-seed004,all")
     ap.add_argument("--repeat", type=int, default=2, help="requests per prompt (the 2nd sees the suffix cache)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip later steps past this")
     ap.add_argument("--out")
