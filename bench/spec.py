@@ -182,19 +182,22 @@ def build_model(a) -> str:
     return path
 
 
-def warm_blocks(engine, kmax: int, device: str, st=None) -> None:
+def warm_blocks(engine, kmax: int, device: str, st=None, at: int = 3) -> None:
     """Compile every verify block size once (Triton JIT / autotune per M) off the clock, and
-    capture its graph on `st` when given (the state the timed runs reuse)."""
+    capture its graph on `st` when given (the state the timed runs reuse). at: the position to
+    do it from (past the attention's single-pass length the step and the blocks run, and
+    capture, another mode: warm both when the prompts reach there)."""
     model = engine.model
     if not hasattr(model, "forward_block"):
         return
     st = engine.new_state() if st is None else st
     st.reset()
-    model.forward([1, 2, 3], st, logits="last")
+    model.forward([1, 2, 3] + [4] * max(0, at - 3), st, logits="last")
     for n in range(1, kmax + 2):
         blk = model.forward_block([5] * n, st, keep_states=n > 1)
         blk.row(0)
         blk.commit(1)
+    model.forward([6], st, logits="last")      # the one-token step's graph at this position
     sync(device)
 
 
@@ -275,6 +278,9 @@ def main() -> int:
     list(engine.generate(P["prose"][:8], max_tokens=4, sampling=GREEDY,      # graph capture, JIT
                          **({} if st is None else {"state": st, "n_past": 0})))
     warm_blocks(engine, max([a.max_draft] + ks), dev, st)
+    longest = max(len(v) for v in P.values()) + a.max_tokens
+    if longest > 1024 and st is not None:     # the step / verify graphs of the "split" mode
+        warm_blocks(engine, max([a.max_draft] + ks), dev, st, at=min(longest, a.n_ctx - 64) - 40)
     print(f"warm-up {time.time() - t:.1f}s", flush=True)
     base_cache: dict[str, tuple] = {}
 

@@ -175,3 +175,24 @@ def test_sampled_distribution_matches_target(engine, params, drafter):
         e2, o2 = e2[:-1], o2[:-1]
     p = stats.chisquare(o2, e2 / e2.sum() * o2.sum()).pvalue
     assert p > 1e-3, (p, accepted, drafted)
+
+
+def test_rounds_that_captured_a_graph_are_not_timed(engine):
+    """A round across which one-time work happened (a CUDA graph capture: model.onetime.note())
+    gives the policy no round-cost sample: the first round at a new block size cost 180-230 ms on
+    the device against ~15 in steady state, and drafting looked hopeless for the whole request."""
+    from tightfit.model import onetime
+    se = SpeculativeEngine(engine)
+    begin = se.verifier.begin
+    calls = {"n": 0}
+
+    def noting_begin(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] <= 3:
+            onetime.note()
+        return begin(*a, **kw)
+    se.verifier.begin = noting_begin
+    _, last = _run(se.generate(PROMPTS[1], max_tokens=60, sampling=GREEDY))
+    rounds = last.timings.as_dict()["spec_rounds"]
+    assert calls["n"] == rounds > 3
+    assert sum(c.n for c in se.policy.round_ms.values()) == rounds - 3

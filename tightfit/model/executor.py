@@ -85,6 +85,7 @@ from tightfit.errors import UserError
 from tightfit.kernels import attn_decode as A
 from tightfit.kernels import gdn as G
 from tightfit.kernels import norm as N
+from tightfit.model import onetime
 from tightfit.model.config import Qwen35Config
 from tightfit.model.reference import LOGITS_MODES, UnknownTokenError, imrope_pair_uses_position
 from tightfit.plan.buffers import ARGMAX_BLOCK
@@ -947,6 +948,7 @@ class GPUModel:
         st.status.copy_(saved)
         self.tok_id.copy_(saved_tok)
         g = torch.cuda.CUDAGraph()
+        onetime.note()
         with torch.cuda.graph(g):
             self._step(st, mode, head, feed)
         st.status.copy_(saved)

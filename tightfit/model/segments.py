@@ -47,6 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from tightfit.model import onetime
+
 
 def enabled() -> bool:
     """TIGHTFIT_HOST_GRAPHS (default on): piecewise graphs for steps with host rows."""
@@ -145,6 +147,7 @@ class CudaBackend:
         if not self.capture:
             return None
         g = torch.cuda.CUDAGraph()
+        onetime.note()
         g.capture_begin(pool=self.pool)
         return g
 

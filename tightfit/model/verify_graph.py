@@ -50,6 +50,7 @@ import torch
 
 from tightfit.kernels import attn_decode as A
 from tightfit.kernels import block_step as BS
+from tightfit.model import onetime
 from tightfit.plan.buffers import Buf, matrix_input, pack
 from tightfit.runtime.state import NonFiniteError, StateError
 
@@ -338,6 +339,7 @@ class VerifyGraph:
             self._pass(st, M, mode)
         torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
+        onetime.note()
         with torch.cuda.graph(g):
             self._pass(st, M, mode)
         per[(M, mode)] = g

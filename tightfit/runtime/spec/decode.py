@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from tightfit.errors import UserError
+from tightfit.model import onetime
 from tightfit.runtime.engine import PREFILL_CHUNK, Event, Timings, _stream_decoder
 from tightfit.runtime.sampler import GREEDY, Sampler, SamplingParams
 from tightfit.runtime.spec.ngram import Draft, NGramDrafter
@@ -278,7 +279,7 @@ class SpeculativeEngine:
                 finish = "cancelled"
                 break
             room = limit - len(generated) - 1
-            tr = pol.clock()
+            tr, once = pol.clock(), onetime.count()
             draft, name = self._propose(drafters, room)
             timings.draft_ms += self._draft_ms
             dtoks = draft.tokens if draft is not None else []
@@ -336,7 +337,8 @@ class SpeculativeEngine:
             # the whole round as the loop sees it (cheap drafters, verify forward, acceptance,
             # commit, bookkeeping: per-round work every option pays), less the on-demand drafter's
             # time, which the policy adds per drafter; keyed by the draft length
-            pol.record_round(len(dtoks), (pol.clock() - tr) * 1000.0 - self._ondemand_ms)
+            if onetime.count() == once:   # a round that captured a graph timed one-time work
+                pol.record_round(len(dtoks), (pol.clock() - tr) * 1000.0 - self._ondemand_ms)
             if status == "word":
                 finish_stats()
                 yield from events
