@@ -356,7 +356,7 @@ class SpeculativeEngine:
         self._cheap: dict[str, Draft] = {}
         self._draft_ms = 0.0
         self._ondemand_ms = 0.0
-        room = min(room, s.max_draft)
+        room = min(room, s.max_draft, getattr(self.verifier, "max_draft", None) or room)
         if room <= 0:
             return None, None
         cands: dict[str, tuple[int, int]] = {}

@@ -322,6 +322,12 @@ class BlockVerifier:
         # prefill chunk when the caller wants the hidden rows (MTP): forward_block computes the
         # logits of every row, so the chunk bounds that [chunk, n_vocab] fp32 buffer
         self.hidden_chunk = int(hidden_chunk)
+        # the longest draft worth a block: past GEMV_MAX_M tokens the block leaves the skinny
+        # GEMV (and the captured verify graph) for the GEMM path; a 17-token block cost 252 ms
+        # against 21.6 for 9 on the device (session 13), and the policy's linear cost model then
+        # settled on 1-token drafts
+        from tightfit.model.batch import GEMV_MAX_M
+        self.max_draft = GEMV_MAX_M - 1
 
     def prefill(self, ids: Sequence[int], state, chunk: int = 512, want_hidden: bool = True):
         """Feed prompt tokens; (logits of the last one, normed hidden of every one or None)."""
