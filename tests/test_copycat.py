@@ -120,3 +120,17 @@ def test_real_drafters_accept_on_the_copycat_and_output_is_unchanged(small):
         assert d["spec_rounds"] < 0.35 * len(spec.tokens), d     # several tokens per verify
     finally:
         torch.set_num_threads(threads)
+
+
+def test_cli_make_model_copycat(tmp_path, capsys):
+    from tightfit.cli import main
+    out = tmp_path / "cc.gguf"
+    assert main(["make-model", str(out), "--preset", "small", "--qtype", "Q8_0", "--copycat"]) == 0
+    desc = open_model(out).gguf.metadata["general.description"]
+    assert desc.startswith("SYNTHETIC COPYING MODEL")
+    assert main(["make-model", str(tmp_path / "t.gguf"), "--copycat"]) == 1          # tiny
+    assert main(["make-model", str(tmp_path / "m.gguf"), "--preset", "small", "--copycat",
+                 "--mtp"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "does not fit" in err[-2] and "--mtp" in err[-1]
+    assert not (tmp_path / "t.gguf").exists() and not (tmp_path / "m.gguf").exists()

@@ -5,6 +5,7 @@ Examples:
   tightfit make-model q4k.gguf --preset small --qtype Q4_K --f32-twin q4k.f32.gguf
   tightfit make-model bench.gguf --preset qwen3.8-27b-seedmix --mtp   # the 16 GB benchmark file
   tightfit make-model slice.gguf --preset qwen3.8-27b-seedmix --layers 4
+  tightfit make-model copy.gguf --preset qwen3.8-27b-seedmix --copycat   # continues text by copying
 """
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--f32-twin", default=None, metavar="PATH",
                    help="also write the exact F32 dequantization of every tensor to PATH")
     p.add_argument("-j", "--processes", type=int, default=None, help="worker processes (default: CPUs)")
+    p.add_argument("--copycat", action="store_true",
+                   help="instead of random weights, a hand-built circuit that continues text by "
+                        "copying from its context (same tensors and types; speculative decoding "
+                        "benchmarks: the real drafters need text that repeats)")
     p.set_defaults(func=run)
 
 
@@ -49,6 +54,19 @@ def run(a: argparse.Namespace) -> int:
         raise UserError("--seed must be >= 0")
     kw = dict(seed=a.seed, qtype=a.qtype, mix=a.mix, vocab=a.vocab, mtp=a.mtp, tied=a.tied, layers=a.layers)
     plan = plan_model(a.preset, **kw)    # validates everything before any file is touched
+    if a.copycat:
+        from tightfit.model.copycat import Layout, make_copycat
+        if a.mtp or a.tied or a.f32_twin:
+            raise UserError("--copycat takes none of --mtp, --tied, --f32-twin")
+        Layout(plan.cfg)                 # fits this geometry, or a clear error
+        t0 = time.time()
+        make_copycat(a.out, a.preset, seed=a.seed, qtype=a.qtype, mix=a.mix, vocab=a.vocab,
+                     layers=a.layers)
+        print(f"wrote {a.out}: copying model, {plan.cfg.n_layer} layers, E={plan.cfg.n_embd}, "
+              f"n_vocab={plan.cfg.n_vocab}, {len(plan.tensors)} tensors "
+              f"({sum(t.nbytes for t in plan.tensors) / 1e6:.1f} MB, mostly zero blocks) "
+              f"in {time.time() - t0:.1f} s")
+        return 0
     total = sum(t.nbytes for t in plan.tensors)
     t0 = time.time()
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),

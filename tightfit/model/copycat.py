@@ -258,6 +258,7 @@ def make_copycat(path: str | os.PathLike, preset: str = "qwen3.8-27b-seedmix", *
     """Write the copying model to `path` (same tensors and types as make_model's for these
     arguments); returns the plan."""
     plan = plan_model(preset, seed=seed, qtype=qtype, mix=mix, vocab=vocab, layers=layers)
+    plan.args = dict(plan.args, copycat=True)          # the header says what the weights are
     layout = Layout(plan.cfg)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -445,9 +445,11 @@ _TYPE_NAMES = {"STRING": (_VT.STRING, None), "UINT32": (_VT.UINT32, None), "FLOA
 def model_metadata(plan: ModelPlan) -> list[tuple[str, Any, _VT, _VT | None]]:
     cfg, a = plan.cfg, plan.args
     what = a["mix"] if a["mix"] else (a["qtype"] or "F32")
-    desc = (f"RANDOM WEIGHTS - synthetic test model written by tightfit make-model "
-            f"(preset {a['preset']}, {json.dumps(what) if isinstance(what, dict) else what}, seed {a['seed']})"
-            + ("; exact F32 dequantization twin" if a.get("twin") else ""))
+    kind = ("SYNTHETIC COPYING MODEL - a hand-built induction circuit, every other weight zero "
+            "(tightfit make-model --copycat)" if a.get("copycat") else
+            "RANDOM WEIGHTS - synthetic test model written by tightfit make-model")
+    desc = (f"{kind} (preset {a['preset']}, {json.dumps(what) if isinstance(what, dict) else what}, "
+            f"seed {a['seed']})" + ("; exact F32 dequantization twin" if a.get("twin") else ""))
     md: list[tuple[str, Any, _VT, _VT | None]] = [
         ("general.type", "model", _VT.STRING, None),
         ("general.name", f"tightfit-synthetic-{a['preset']}", _VT.STRING, None),
