@@ -46,7 +46,7 @@ from tightfit.quant.traits import traits
 KAPPA = 1.0          # the constant residual dim
 M_V = 1.0            # the recurrent value pre-activation per code dim (silu(+-M_V))
 Z_GATE = 4.0         # the recurrent gate's pre-activation (silu(4) ~ 3.93)
-A_LOG_DECAY = -100.0  # ssm_a of the circuit block: decay exp(-100 * softplus(DT_BIAS)) = 0
+SSM_A = -100.0       # ssm_a of the circuit block: decay exp(-100 * softplus(DT_BIAS)) = 0
 DT_BIAS = 10.0
 QK_NORM = 3.0        # attention q / k norm weight: full-match score ~ sqrt(D) * 9 * 0.8
 GRAM = 3             # tokens matched (the query's current token and GRAM - 1 before it)
@@ -221,7 +221,7 @@ def write_circuit(w: _Writer, cfg: Qwen35Config, L: Layout, seed: int) -> None:
     w.sparse(p + "attn_gate.weight", gate)
     w.sparse(p + "ssm_out.weight", out)         # B dims come out as +-1 (the code)
     w.dense(p + "ssm_conv1d.weight", conv)
-    w.dense(p + "ssm_a", np.full(Hv, A_LOG_DECAY, np.float32))
+    w.dense(p + "ssm_a", np.full(Hv, SSM_A, np.float32))
     w.dense(p + "ssm_dt.bias", np.full(Hv, DT_BIAS, np.float32))
 
     # the attention block: head 0 matches [A; B1..] against [B1; ..; BG] (unrotated dims), a
