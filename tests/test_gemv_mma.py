@@ -345,12 +345,18 @@ if given is not None:
 
 
 def test_legacy_switch_parse(monkeypatch):
-    """TIGHTFIT_MMA_LEGACY (session 11's arithmetic, for A/B timing): off by default, on with 1,
-    a clear error for anything else."""
+    """TIGHTFIT_MMA_LEGACY (session 11's arithmetic, for A/B timing) and TIGHTFIT_MMA_MINB
+    (launch bounds): off / 2 by default, the define when set, a clear error for anything else."""
     monkeypatch.delenv("TIGHTFIT_MMA_LEGACY", raising=False)
     assert "-DTF_MMA_LEGACY=1" not in gm._options()
     monkeypatch.setenv("TIGHTFIT_MMA_LEGACY", "1")
     assert "-DTF_MMA_LEGACY=1" in gm._options()
     monkeypatch.setenv("TIGHTFIT_MMA_LEGACY", "yes")
     with pytest.raises(ValueError, match="TIGHTFIT_MMA_LEGACY"):
+        gm._options()
+    monkeypatch.delenv("TIGHTFIT_MMA_LEGACY")
+    monkeypatch.setenv("TIGHTFIT_MMA_MINB", "3")          # occupancy A/B: launch bounds for 3
+    assert "-DTF_MMA_MINB=3" in gm._options() and gm._min_blocks() == 3
+    monkeypatch.setenv("TIGHTFIT_MMA_MINB", "9")
+    with pytest.raises(ValueError, match="TIGHTFIT_MMA_MINB"):
         gm._options()

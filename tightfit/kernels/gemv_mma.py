@@ -90,7 +90,19 @@ def _options() -> tuple[str, ...]:
     legacy = os.environ.get("TIGHTFIT_MMA_LEGACY", "0").strip()
     if legacy not in ("0", "1", ""):
         raise ValueError(f"TIGHTFIT_MMA_LEGACY={legacy!r}: expected 0 or 1")
-    return ("-std=c++17",) + (("-DTF_MMA_LEGACY=1",) if legacy == "1" else ())
+    minb = _min_blocks()
+    return (("-std=c++17",) + (("-DTF_MMA_LEGACY=1",) if legacy == "1" else ())
+            + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ()))
+
+
+def _min_blocks() -> int:
+    """Resident CTAs per SM the kernels are built for (TIGHTFIT_MMA_MINB, default 2: 128
+    registers; 3: 80, an occupancy experiment, bench/NOTES.md session 13); the stream-K grid
+    is sized for as many unless TIGHTFIT_MMA_CPS says otherwise."""
+    v = os.environ.get("TIGHTFIT_MMA_MINB", "2").strip() or "2"
+    if v not in ("1", "2", "3", "4"):
+        raise ValueError(f"TIGHTFIT_MMA_MINB={v!r}: expected 1..4")
+    return int(v)
 
 
 def source() -> str:
@@ -405,7 +417,7 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
         if n_out < 1:
             raise ValueError("MMA GEMV: no output rows")
         cps = int((config or {}).get("ctas_per_sm", 0)) or int(
-            os.environ.get("TIGHTFIT_MMA_CPS", "2"))
+            os.environ.get("TIGHTFIT_MMA_CPS", str(_min_blocks())))
         if not 1 <= cps <= 8:
             raise ValueError(f"MMA GEMV: ctas_per_sm {cps} not in 1..8")
         rt = int((config or {}).get("rt", 0)) or int(os.environ.get("TIGHTFIT_MMA_RT", DEFAULT_RT))

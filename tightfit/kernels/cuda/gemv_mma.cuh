@@ -52,6 +52,12 @@
 
 #define TF_MMA_THREADS 256
 #define TF_MMA_WARPS (TF_MMA_THREADS / 32)
+// Resident CTAs per SM the kernels are built for (launch bounds: 2 -> 128 registers, 3 -> 80).
+// gemv_mma.py: TIGHTFIT_MMA_MINB, an occupancy A/B (offline at 3: every default kernel spills
+// 80-900 bytes; session 13's reading is that the kernels wait on latency with 4 warps per scheduler).
+#ifndef TF_MMA_MINB
+#define TF_MMA_MINB 2
+#endif
 #define TF_MMA_M4 0x0F0F0F0Fu
 
 // 8 bytes at a 8-byte aligned p
@@ -675,7 +681,7 @@ TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, i
 // Rows past n_out compute on row n_out-1's weights and are never stored. Columns: ncols <= 8*NT;
 // B columns past ncols read column ncols-1 and are never stored.
 template <class M, int NT>
-__global__ void __launch_bounds__(TF_MMA_THREADS, 2)
+__global__ void __launch_bounds__(TF_MMA_THREADS, TF_MMA_MINB)
 tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
        const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int ncols,
        int* cnt, float* part) {
@@ -747,7 +753,7 @@ tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float
 // before the first mma. Rows past n_out compute on row n_out-1's weights and are never stored.
 // Columns: ncols <= 8*NT; B columns past ncols read column ncols-1 and are never stored.
 template <class M, int NT, int RT>
-__global__ void __launch_bounds__(TF_MMA_THREADS, 2)
+__global__ void __launch_bounds__(TF_MMA_THREADS, TF_MMA_MINB)
 tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
        const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int ncols,
        int* cnt, float* part) {

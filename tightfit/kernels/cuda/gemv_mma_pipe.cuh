@@ -75,7 +75,7 @@ TF_DEV void tf_mmp_issue(const uint8_t* __restrict__ W, uint32_t sb, int lane, i
 // NT = 1 (N <= 8 columns), split tile groups through the same deterministic fixup (tf_mma_finish).
 // See gemv_mma.cuh for the fragment, epilogue and fixup conventions.
 template <class M, int RT, int NST>
-__global__ void __launch_bounds__(TF_MMA_THREADS, 2)
+__global__ void __launch_bounds__(TF_MMA_THREADS, TF_MMA_MINB)
 tf_mma_pipe(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float* __restrict__ xd,
             const int* __restrict__ xs16, float* __restrict__ y, int n_out, int K, int ncols,
             int* cnt, float* part) {
