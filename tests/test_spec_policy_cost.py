@@ -298,21 +298,22 @@ def test_no_probes_where_no_acceptance_could_pay(row):
     """Every verified row costs about a plain step or more (row >= 1: a placed model's
     compute-bound host rows; session 12 measured a 2-row round at 4.3 plain steps): drafting can
     never pay, even at 100 % acceptance. The policy starts with a 1-token block (not the priors'
-    4), measures the plain step next, samples lengths 1 and 2 twice each (one sample may carry a
-    one-time cost), and then stops probing (`hopeless`): four probes in all, however long the
-    request (the old policy spent 14 + 8 steps on its first two rounds and kept probing every
-    doubling gap)."""
+    4), measures the plain step next, samples lengths 1 and 2 (once each: a sample of at most
+    8 plain steps is no one-time outlier), and then stops probing (`hopeless`): two probes in all,
+    however long the request (session 12 took two samples of each, four probes: 0.85x on the
+    placed 8 GiB model's first 128-token request; the old policy spent 14 + 8 steps on its first
+    two rounds and kept probing every doubling gap)."""
     cost = linear(1.0, row)
     assert best_fixed(1.0, cost) == pytest.approx(1.0 / cost(0))   # drafting never pays here
     pol = Policy()
     tokens, ms, ks = simulate(pol, lambda r: 0.0, cost, 48)
     drafted = [k for k in ks if k]
     print(f"row {row}: drafted {drafted} in 48 rounds, overhead {ms / (48 * cost(0)) - 1:.1%}")
-    assert drafted == [1, 1, 2, 2] and pol.hopeless(4)
+    assert drafted == [1, 2] and pol.hopeless(4)
     tokens, ms, ks = simulate(Policy(), lambda r: 0.0, cost, 512)
     overhead = ms / (512 * cost(0)) - 1.0
     print(f"row {row}: 512 rounds, overhead {overhead:.1%}")
-    assert sum(1 for k in ks if k) == 4 and overhead <= 0.05
+    assert sum(1 for k in ks if k) == 2 and overhead <= 0.05
     # where drafting can pay the same rules leave the drafter alone
     cheap = Policy()
     simulate(cheap, lambda r: 0.0, linear(1.0, 0.275), 48)

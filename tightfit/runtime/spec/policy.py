@@ -108,7 +108,7 @@ class Policy:
     def __init__(self, prior: float = 0.6, decay: float = 0.97, ema: float = 0.2,
                  adaptive: bool = True, prior_row: float = 0.05, probe_k: int = 1,
                  min_gap: int = 4, max_gap: int = 256, window: int = 7,
-                 clock: Callable[[], float] = time.perf_counter):
+                 single_steps: float = 8.0, clock: Callable[[], float] = time.perf_counter):
         self.prior = prior
         self.decay = decay
         self.ema = ema
@@ -117,6 +117,11 @@ class Policy:
         self.probe_k = max(1, int(probe_k))
         self.min_gap, self.max_gap = int(min_gap), int(max_gap)
         self.window = max(1, int(window))
+        # a length sampled once is trusted when that round cost at most this many plain steps:
+        # one-time work (a graph capture: 15-350 steps on the device) is far above it, and the
+        # decode loop keeps rounds that captured a graph out of the samples anyway
+        # (model.onetime); a placed model's genuine rounds (4-5 steps) are below
+        self.single_steps = float(single_steps)
         self.clock = clock              # seconds; the decode loop times its rounds with it
         self.stats: dict[str, DrafterStats] = {}
         self.round_ms: dict[int, _Cost] = {}
@@ -179,17 +184,25 @@ class Policy:
         base = lo if lo is not None else hi
         return max(1e-6, t[base].ms + self._slope(t) * (k - base))
 
+    def _trusted(self, k: int) -> bool:
+        """Length k's samples say what it costs: two or more, or one that is no outlier."""
+        c, plain = self.round_ms.get(k), self.round_ms.get(0)
+        if c is None:
+            return False
+        return c.n >= 2 or (plain is not None and c.ms <= self.single_steps * plain.ms)
+
     def hopeless(self, k_max: int) -> bool:
         """True when the measured round costs say that even a draft accepted in full, at any
         length 1..k_max, commits fewer tokens per ms than the plain step: (k + 1) / cost(k) <=
         1 / round_cost(0), cost(k) the least-squares line through the draft lengths measured
         at least twice (their lower medians: the first round of a length in a process carries
-        one-time costs, ~150 ms on the H200 in session 12), draft time left out (an upper
-        bound). Needs the plain step and two such lengths. E.g. a model with host rows, whose
+        one-time costs, ~150 ms on the H200 in session 12) or once at no more than
+        `single_steps` plain steps, draft time left out (an upper bound). Needs the plain step
+        and two such lengths. E.g. a model with host rows, whose
         host kernels are compute-bound so that every verified row costs about a plain step
         (session 12: rounds of 2-5 rows 3.9-4.8 plain steps at 8 GiB): probing it costs several
         steps each time for nothing."""
-        pts = {k: c.ms for k, c in self.round_ms.items() if k > 0 and c.n >= 2}
+        pts = {k: c.ms for k, c in self.round_ms.items() if k > 0 and self._trusted(k)}
         if self.round_ms.get(0) is None or len(pts) < 2:
             return False
         xs = list(pts)
@@ -200,11 +213,10 @@ class Policy:
                    for k in range(1, k_max + 1))
 
     def _probe_len(self, k_max: int) -> int:
-        """probe_k, or probe_k + 1 once probe_k has two samples and it has fewer: two lengths
-        measured twice give `hopeless` its cost per row."""
+        """probe_k, or probe_k + 1 once probe_k's cost is trusted and its is not: two trusted
+        lengths give `hopeless` its cost per row."""
         for k in (self.probe_k, self.probe_k + 1):
-            c = self.round_ms.get(k)
-            if k <= k_max and (c is None or c.n < 2):
+            if k <= k_max and not self._trusted(k):
                 return k
         return min(k_max, self.probe_k)
 
