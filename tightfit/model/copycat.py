@@ -91,7 +91,7 @@ class Layout:
         # magnitudes: residual rms at the recurrent block's input (embedding rows only)
         self.r0 = math.sqrt((self.ra + KAPPA ** 2) / E)
         rms_head = math.sqrt(self.nu * (_silu(M_V) ** 2 + _silu(-M_V) ** 2) / S)
-        self.mag_b = _silu(Z_GATE) * M_V / rms_head     # |B1_j| = |B2_j|
+        self.mag_b = _silu(Z_GATE) * M_V / rms_head     # |Bs_j| before ssm_out's 1 / mag_b
 
 
 def _codes(n: int, dims: int, seed: int, lo: int = 0) -> np.ndarray:
@@ -101,10 +101,6 @@ def _codes(n: int, dims: int, seed: int, lo: int = 0) -> np.ndarray:
         rng = np.random.default_rng([seed, lo + i])
         out[i] = rng.integers(0, 2, dims, dtype=np.int8) * 2 - 1
     return out
-
-
-def token_codes(ids: np.ndarray | list[int], dims: int, seed: int = 0) -> np.ndarray:
-    return np.stack([_codes(1, dims, seed, int(t))[0] for t in ids])
 
 
 class _Writer:
@@ -273,4 +269,4 @@ def make_copycat(path: str | os.PathLike, preset: str = "qwen3.8-27b-seedmix", *
     return plan
 
 
-__all__ = ["Layout", "make_copycat", "token_codes", "write_circuit"]
+__all__ = ["Layout", "make_copycat", "write_circuit"]
