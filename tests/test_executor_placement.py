@@ -14,6 +14,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from _placed import close, small_q8  # noqa: E402
+
 from tightfit.api import open_model  # noqa: E402
 from tightfit.errors import UserError  # noqa: E402
 from tightfit.model.generate import make_model  # noqa: E402
@@ -34,12 +36,7 @@ CTX = 48
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """4-layer 'small' geometry (E=256, n_ff=768): Q8_0 matrices, an MTP block (blk.4)."""
-    p = tmp_path_factory.mktemp("placed") / "small-q8.gguf"
-    make_model(p, preset="small", layers=4, qtype="Q8_0", mtp=True, seed=3)
-    mf = open_model(p)
-    ref = ReferenceModel.from_model_file(mf)
-    yield p, mf, ref
-    mf.close()
+    yield from small_q8(tmp_path_factory, "placed", seed=3, mtp=True)
 
 
 def _opts(available: int, **kw) -> PlanOptions:
@@ -59,21 +56,15 @@ def _exe(mf, plan, **kw):
                                     progress=False, **kw)
 
 
-def _close(a, b, tol=3e-4):
-    a, b = np.asarray(a.detach().cpu(), np.float64), np.asarray(b.detach().cpu(), np.float64)
-    err = np.abs(a - b).max()
-    assert err <= tol * (np.abs(b).max() + 1e-9), f"max err {err}, scale {np.abs(b).max()}"
-
-
 def _compare(exe, ref, seed: int, n_prompt: int = 7, n_decode: int = 3) -> None:
     """Batched prefill (logits of every row) then one-token steps, both against the reference."""
     V = ref.config.n_vocab
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, V, n_prompt).tolist()
     rs, gs = ref.new_state(CTX), exe.new_state(CTX)
-    _close(exe.forward(prompt, gs, logits="all"), ref.forward(prompt, rs, logits="all"))
+    close(exe.forward(prompt, gs, logits="all"), ref.forward(prompt, rs, logits="all"))
     for tok in rng.integers(0, V, n_decode).tolist():
-        _close(exe.forward([tok], gs, logits="last"), ref.forward([tok], rs, logits="last"))
+        close(exe.forward([tok], gs, logits="last"), ref.forward([tok], rs, logits="last"))
     assert gs.pos == rs.pos == n_prompt + n_decode
 
 
@@ -208,7 +199,7 @@ def test_batched_host_rows_grouped_per_input(small, monkeypatch):
     assert len(ffn) == 4 and len(mix) == sum(1 for il in range(4)
                                              if f"blk.{il}.attn_qkv.weight" in rows)
     rs = ref.new_state(CTX)
-    _close(grouped, ref.forward(prompt, rs, logits="all"))
+    close(grouped, ref.forward(prompt, rs, logits="all"))
 
 
 def test_placed_prefill_through_the_ring(small, monkeypatch):
@@ -232,7 +223,7 @@ def test_placed_prefill_through_the_ring(small, monkeypatch):
     B.ring_min_m = 8
     prompt = np.random.default_rng(4).integers(0, ref.config.n_vocab, 12).tolist()
     gs, rs = exe.new_state(CTX), ref.new_state(CTX)
-    _close(exe.forward(prompt, gs, logits="all"), ref.forward(prompt, rs, logits="all"))
+    close(exe.forward(prompt, gs, logits="all"), ref.forward(prompt, rs, logits="all"))
     assert B.ring is not None and B.ring.pieces >= 12        # 3 host matrices x 4 layers
     monkeypatch.setenv("TIGHTFIT_PLACED_RING", "0")           # the CPU path: no further pieces
     n = B.ring.pieces
@@ -335,5 +326,5 @@ def test_triton_interpreter_split(tmp_path):
                                        progress=False, batched=False)
         assert exe.lin["blk.7.ffn_up.weight"].kind == "float"
         rs, gs = ref.new_state(CTX), exe.new_state(CTX)
-        _close(exe.forward([5, 6, 7], gs, logits="all"), ref.forward([5, 6, 7], rs, logits="all"),
+        close(exe.forward([5, 6, 7], gs, logits="all"), ref.forward([5, 6, 7], rs, logits="all"),
                1e-4)

@@ -16,14 +16,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from tightfit.api import open_model  # noqa: E402
+from _placed import close, small_q8, split_plan  # noqa: E402
+
 from tightfit.errors import UserError  # noqa: E402
 from tightfit.model import pcie_rows as P  # noqa: E402
-from tightfit.model.generate import make_model  # noqa: E402
-from tightfit.model.placed import replace_host_rows  # noqa: E402
-from tightfit.model.reference import ReferenceModel  # noqa: E402
-from tightfit.plan.budget import PlanOptions, plan_model  # noqa: E402
-from tightfit.plan.placement import inventory_from_gguf  # noqa: E402
 from tightfit.plan.rowsplit import SPLIT_ROW_QUANTUM  # noqa: E402
 
 CTX = 32
@@ -76,17 +72,10 @@ def test_refused_registration_warns_and_keeps_the_cpu():
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    p = tmp_path_factory.mktemp("pcie") / "small-q8.gguf"
-    make_model(p, preset="small", layers=4, qtype="Q8_0", seed=9)
-    mf = open_model(p)
-    yield p, mf, ReferenceModel.from_model_file(mf)
-    mf.close()
+    yield from small_q8(tmp_path_factory, "pcie", seed=9)
 
 
-def _plan(path):
-    inv = inventory_from_gguf(path)
-    full = plan_model(inv, PlanOptions(ctx=CTX, available=1 << 34, reserve=0, prefill_chunk=16,
-                                       host_embd="no"))
+def _host_rows(inv) -> dict:
     rows = {}
     for il in range(4):
         for k in ("ffn_gate", "ffn_up", "ffn_down", "attn_qkv", "attn_q"):
@@ -94,19 +83,17 @@ def _plan(path):
             if t is not None:
                 rows[t.name] = t.n_rows // SPLIT_ROW_QUANTUM // 2 * SPLIT_ROW_QUANTUM
     rows["blk.2.ffn_up.weight"] = inv.tensors["blk.2.ffn_up.weight"].n_rows    # all on the host
-    return replace_host_rows(full, rows)
+    return rows
+
+
+def _plan(path):
+    return split_plan(path, CTX, _host_rows)
 
 
 def _exe(mf, plan):
     from tightfit.model.executor import GPUModel
     return GPUModel.from_model_file(mf, device="cpu", n_ctx=CTX, plan=plan, use_triton=False,
                                     progress=False)
-
-
-def _close(a, b, tol=3e-4):
-    a, b = np.asarray(a.detach().cpu(), np.float64), np.asarray(b.detach().cpu(), np.float64)
-    err = np.abs(a - b).max()
-    assert err <= tol * (np.abs(b).max() + 1e-9), f"max err {err}, scale {np.abs(b).max()}"
 
 
 def _cover(exe) -> int:
@@ -142,10 +129,10 @@ def test_step_splits_host_rows_between_readers(small, monkeypatch):
     rng = np.random.default_rng(2)
     prompt = rng.integers(0, ref.config.n_vocab, 5).tolist()
     gs, rs = exe.new_state(CTX), ref.new_state(CTX)
-    _close(exe.forward(prompt, gs, logits="all"), ref.forward(prompt, rs, logits="all"))
+    close(exe.forward(prompt, gs, logits="all"), ref.forward(prompt, rs, logits="all"))
     assert calls == []                    # batched forwards: the CPU has the whole suffix
     for tok in rng.integers(0, ref.config.n_vocab, 3).tolist():
-        _close(exe.forward([tok], gs, logits="last"), ref.forward([tok], rs, logits="last"))
+        close(exe.forward([tok], gs, logits="last"), ref.forward([tok], rs, logits="last"))
     assert set(calls) == set(exe.pcie) and len(calls) == 3 * len(exe.pcie)
 
     exe.set_pcie_share(0.0)               # the CPU reads every host row again
@@ -153,7 +140,7 @@ def test_step_splits_host_rows_between_readers(small, monkeypatch):
     assert all(exe.hostc[n] is exe.hostw[n] for n in exe.hostw)
     assert exe.host_cpu_bytes == exe.host_weight_bytes
     tok = 7
-    _close(exe.forward([tok], gs, logits="last"), ref.forward([tok], rs, logits="last"))
+    close(exe.forward([tok], gs, logits="last"), ref.forward([tok], rs, logits="last"))
 
 
 def test_off_by_default_on_the_cpu_and_bad_share_refused(small, monkeypatch):
@@ -200,8 +187,8 @@ def test_cuda_registered_rows_read_in_place(small, monkeypatch):
                 torch.cuda.synchronize()
                 outs.append(m.logits.clone())
         want = ref.forward([tok], rs, logits="last")
-        _close(outs[0], outs[1], 2e-2)
-        _close(outs[0], want, 5e-2)
+        close(outs[0], outs[1], 2e-2)
+        close(outs[0], want, 5e-2)
     assert ("host-segments", "single", True, False) in sts[0].graphs
     exe.placed.close()                     # unregisters before the mapping goes
     assert exe._pcie_reg.spans == []

@@ -24,11 +24,9 @@ if not torch.cuda.is_available():
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from tightfit.api import open_model  # noqa: E402
-from tightfit.model import placed as P  # noqa: E402
+from _placed import close, small_q8, split_plan  # noqa: E402
+
 from tightfit.model import segments as S  # noqa: E402
-from tightfit.model.generate import make_model  # noqa: E402
-from tightfit.model.reference import ReferenceModel  # noqa: E402
 from tightfit.plan.budget import PlanOptions, plan_model  # noqa: E402
 from tightfit.plan.placement import inventory_from_gguf  # noqa: E402
 from tightfit.plan.rowsplit import SPLIT_ROW_QUANTUM  # noqa: E402
@@ -39,35 +37,24 @@ OPS = ("op_norm", "op_swiglu", "op_gnorm", "op_commit", "op_conv", "op_gdn", "op
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    p = tmp_path_factory.mktemp("segs") / "small-q8.gguf"
-    make_model(p, preset="small", layers=4, qtype="Q8_0", seed=5)
-    mf = open_model(p)
-    yield p, mf, ReferenceModel.from_model_file(mf)
-    mf.close()
+    yield from small_q8(tmp_path_factory, "segs", seed=5)
 
 
 def _plan(path, host_embd: bool = True):
     """Splits on every kind of input (attention/GDN input projections, FFN gate/up), blk.1's
     ffn_down wholly on the host (a host point without a GPU prefix), the head split."""
-    inv = inventory_from_gguf(path)
-    full = plan_model(inv, PlanOptions(ctx=CTX, available=1 << 34, reserve=0, prefill_chunk=16,
-                                       host_embd="no"))
-    rows = {}
-    for il in range(4):
-        for k in ("ffn_gate", "ffn_up", "attn_qkv", "attn_gate", "attn_q", "attn_v"):
-            t = inv.tensors.get(f"blk.{il}.{k}.weight")
-            if t is not None:
-                rows[t.name] = SPLIT_ROW_QUANTUM * (1 + il % 2)
-    rows["blk.1.ffn_down.weight"] = inv.tensors["blk.1.ffn_down.weight"].n_rows
-    V = inv.tensors["output.weight"].n_rows
-    rows["output.weight"] = V - V // SPLIT_ROW_QUANTUM // 2 * SPLIT_ROW_QUANTUM
-    return P.replace_host_rows(full, rows, host_embd=host_embd)
-
-
-def _close(a, b, tol=3e-4):
-    a, b = np.asarray(a.detach().cpu(), np.float64), np.asarray(b.detach().cpu(), np.float64)
-    err = np.abs(a - b).max()
-    assert err <= tol * (np.abs(b).max() + 1e-9), f"max err {err}, scale {np.abs(b).max()}"
+    def host_rows(inv) -> dict:
+        rows = {}
+        for il in range(4):
+            for k in ("ffn_gate", "ffn_up", "attn_qkv", "attn_gate", "attn_q", "attn_v"):
+                t = inv.tensors.get(f"blk.{il}.{k}.weight")
+                if t is not None:
+                    rows[t.name] = SPLIT_ROW_QUANTUM * (1 + il % 2)
+        rows["blk.1.ffn_down.weight"] = inv.tensors["blk.1.ffn_down.weight"].n_rows
+        V = inv.tensors["output.weight"].n_rows
+        rows["output.weight"] = V - V // SPLIT_ROW_QUANTUM // 2 * SPLIT_ROW_QUANTUM
+        return rows
+    return split_plan(path, CTX, host_rows, host_embd=host_embd)
 
 
 # ---- CPU: a fake backend ---------------------------------------------------------------------
@@ -194,8 +181,8 @@ def test_segments_cover_the_step_and_replay_bitwise(small, monkeypatch, pcie):
             ss.advanced(1)
         want = ref.forward([tok], rs, logits="last")
         assert torch.equal(segd.logits, eager.logits), f"token {i}"
-        _close(segd.logits, want)
-        _close(eager.logits, want)
+        close(segd.logits, want)
+        close(eager.logits, want)
         if i == 0:
             # bookkeeping: N host points, N + 1 segments, order of ops = the eager step's
             n = len(seg.points)
@@ -304,8 +291,8 @@ def test_cuda_segment_graphs_match_eager_and_unsplit(small, monkeypatch, host_em
             assert torch.equal(outs[1], outs[0]), f"token {i}: graphs != eager split step"
             # int8 activations on both sides of the split: bench/device_tests.py's bound vs
             # the reference (5e-2), tighter vs the unsplit step (same GPU kernels for most rows)
-            _close(outs[1], outs[2], 2e-2)
-            _close(outs[1], want, 5e-2)
+            close(outs[1], outs[2], 2e-2)
+            close(outs[1], want, 5e-2)
     assert ("host-segments", "single", True, False) in sts[1].graphs
     assert ("host-segments", "single", False, False) in sts[1].graphs
     for st in sts:

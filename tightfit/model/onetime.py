@@ -9,11 +9,9 @@ the request). Timers read `count()` before and after and drop samples across whi
 """
 from __future__ import annotations
 
-import itertools
 import threading
 
 _lock = threading.Lock()
-_count = itertools.count()
 _value = 0
 
 
@@ -21,7 +19,7 @@ def note() -> None:
     """One piece of one-time work happened (call it where a graph is captured)."""
     global _value
     with _lock:
-        _value = next(_count) + 1
+        _value += 1
 
 
 def count() -> int:
