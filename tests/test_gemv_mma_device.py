@@ -24,7 +24,6 @@ pytest.importorskip("cupy")
 
 from tightfit.kernels import gemv_cuda as gc  # noqa: E402
 from tightfit.kernels import gemv_mma as gm  # noqa: E402
-from tightfit.kernels import gemv_mma_bulk as mmb  # noqa: E402
 from tightfit.kernels.quantize_act import quantize_act  # noqa: E402
 from _gpu_blocks import capture, check_graph_replay, gemv_errors, rand_weights  # noqa: E402
 
@@ -37,21 +36,14 @@ NS = [1, 2, 4, 5, 8, 11, 16]
 
 
 
-def check(t, n_in, n_out, ns, seed=0, config=None, scale=(0.001, 0.01), kind=None):
-    """kind: the kernel kind the first launch of every N <= 8 call must have run (gemv_mma's
-    `kinds`): a silent fallback would otherwise test the wrong kernel."""
+def check(t, n_in, n_out, ns, seed=0, config=None, scale=(0.001, 0.01)):
     w = rand_weights(t, n_out, n_in, seed, scale=scale)
-    if kind == "bulk":     # storage for the 16-byte rounded copy window of the last row
-        w = torch.cat([w, w.new_zeros(16)])[:w.numel()]
     for n in ns:
         x = torch.randn(n, n_in, device="cuda")
         act = quantize_act(x, 0)
         out = torch.full((n, n_out), float("nan"), device="cuda")
-        kinds = []
-        y = gm.gemv_mma(act, w, t, n_out, out, config=config, kinds=kinds)
+        y = gm.gemv_mma(act, w, t, n_out, out, config=config)
         what = f"{NAMES[t]} {n_in}->{n_out} N={n} {config or ''}"
-        if kind is not None and n <= 8:
-            assert kinds[0] == kind, f"{what}: ran {kinds}, expected {kind}"
         assert not torch.isnan(y).any(), f"{what}: unwritten outputs"
         # the last 17 rows: the partial 16-row tile
         eq, ef = gemv_errors(w, t, n_out, x, act, y, seed=seed, tail=17)
@@ -101,31 +93,6 @@ def test_device_pipe(t, shape, rt, nst):
           config={"pipe": 1, "rt": rt, "nst": nst})
 
 
-# the bulk-staged kernel (gemv_mma_bulk, sm_90): K with a partial last stage (2304: 9 blocks,
-# 4352: 17), outputs past the last 64-row group, tile groups split between CTAs, N = 11 (its
-# first 8 columns here, the rest on tf_mma); Q8_0 is not bulk-staged and must fall back
-@pytest.mark.parametrize("kshape", [(2, 4, 2), (2, 2, 5), (3, 2, 3)],
-                         ids=lambda k: "nst%d-sb%d-minb%d" % k)
-@pytest.mark.parametrize("shape", [(5120, 17408), (17408, 5120), (4352, 1040), (2304, 300),
-                                   (5120, 40)], ids=lambda s: f"{s[0]}to{s[1]}")
-@pytest.mark.parametrize("t", list(mmb.TYPES) + [8], ids=NAMES.get)
-def test_device_bulk(t, shape, kshape):
-    if not mmb.capable(torch.cuda.current_device()):
-        pytest.skip("bulk copies need sm_90")
-    nst, sb, minb = kshape
-    check(t, *shape, [1, 2, 5, 8, 11], seed=t + shape[1] + nst + sb,
-          config={"bulk": 1, "nst": nst, "sb": sb, "minb": minb},
-          kind="bulk" if t in mmb.TYPES else "rt")
-
-
-def test_device_bulk_subnormal_scales():
-    if not mmb.capable(torch.cuda.current_device()):
-        pytest.skip("bulk copies need sm_90")
-    for t in mmb.TYPES:
-        check(t, 5120, 17408, [5], seed=t + 13, config={"bulk": 1}, scale=(3e-6, 5e-5),
-              kind="bulk")
-
-
 def test_device_pipe_grid():
     for cps in (1, 3):
         check(23, 4096, 300, [5], seed=cps, config={"pipe": 1, "ctas_per_sm": cps})
@@ -160,19 +127,15 @@ def _poison(out, i):
         out.copy_(torch.randn_like(out) * 1e30)      # garbage, not zeros
 
 
-@pytest.mark.parametrize("pipe", [0, 1, 2], ids=["rt", "pipe", "bulk"])
+@pytest.mark.parametrize("pipe", [0, 1])
 @pytest.mark.parametrize("shape", DET_SHAPES, ids=lambda s: f"{s[0]}to{s[1]}")
 @pytest.mark.parametrize("t", TYPES, ids=NAMES.get)
 def test_device_bitwise_repeatable(t, shape, pipe):
     """Three runs into poisoned buffers are bitwise equal, agree with the reference, and leave every
-    fixup counter at zero; a captured graph replayed twice equals the eager result bitwise.
-    pipe 2: the bulk-staged kernel (gemv_mma_bulk)."""
+    fixup counter at zero; a captured graph replayed twice equals the eager result bitwise."""
     n_in, n_out = shape
-    if pipe == 2 and not mmb.capable(torch.cuda.current_device()):
-        pytest.skip("bulk copies need sm_90")
     w = rand_weights(t, n_out, n_in, seed=t + n_out)
-    w = torch.cat([w, w.new_zeros(16)])[:w.numel()]     # the bulk copy's rounded last window
-    cfg = {"bulk": 1, "pipe": 0} if pipe == 2 else {"pipe": pipe, "bulk": 0}
+    cfg = {"pipe": pipe}
     for n in (1, 5, 8, 15, 16):
         x = torch.randn(n, n_in, device="cuda")
         act = quantize_act(x, 0)
@@ -181,10 +144,7 @@ def test_device_bitwise_repeatable(t, shape, pipe):
         for i in range(3):
             out = torch.empty(n, n_out, device="cuda")
             _poison(out, i)
-            kinds = []
-            gm.gemv_mma(act, w, t, n_out, out, config=cfg, kinds=kinds)
-            if pipe == 2 and t in mmb.TYPES and n <= 8:
-                assert kinds[0] == "bulk", f"{what}: ran {kinds}"
+            gm.gemv_mma(act, w, t, n_out, out, config=cfg)
             outs.append(out)
         torch.cuda.synchronize()
         assert not torch.isnan(outs[0]).any(), f"{what}: unwritten outputs"

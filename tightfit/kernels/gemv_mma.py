@@ -45,7 +45,6 @@ import numpy as np
 import torch
 
 from tightfit.kernels import cuda_runtime as _rt
-from tightfit.kernels import gemv_mma_bulk as _mmb
 from tightfit.kernels.cuda_source import CUDA_DIR, COMMON, source_hash
 from tightfit.kernels.gemv_cuda import check_type, check_operands, check_shape, layout0
 
@@ -240,9 +239,6 @@ def prepare(qtype: int, device=None, n_out: int = 0) -> None:
     dev = torch.device(device) if device is not None else torch.device("cuda")
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
     _module(int(qtype), idx)
-    shape = _mmb.choice(int(qtype), None)
-    if shape is not None and _mmb.capable(idx):
-        _mmb.fn(int(qtype), idx, shape, _formats()[int(qtype)], _options())
     _workspace(idx, -(-int(n_out) // 16), _sms(idx) * MAX_CTAS_PER_SM * WARPS)
 
 
@@ -400,27 +396,21 @@ def _chunks(n: int) -> list[tuple[int, int]]:
 
 
 def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
-             config: dict | None = None, kinds: list | None = None) -> torch.Tensor:
+             config: dict | None = None) -> torch.Tensor:
     """out[N, n_out] (fp32) = x . W^T, x given as a layout-0 QuantAct (quantize_act).
     config: {"fill": 0|1} (env TIGHTFIT_MMA_FILL; default 1): grid over every resident slot
     (geometry()); {"pipe": 0|1, "nst": 2|3} (or env TIGHTFIT_MMA_PIPE / TIGHTFIT_MMA_NST): the
     pipelined kernel at N <= 8 for PIPE_TYPES; {"ctas_per_sm": n} sizes the stream-K grid for n
     resident CTAs per SM (default 2);
     {"rt": 1|2} (or env TIGHTFIT_MMA_RT): 16-row tiles per warp at N <= 8 (default 2: each x
-    fragment and column scale serves 32 rows; N > 8 chunks always run 1); {"bulk": 0|1, "nst"}
-    (or env TIGHTFIT_MMA_BULK): the bulk-staged kernel at N <= 8 (gemv_mma_bulk.py; before the
-    pipe). kinds: a list, filled with the kernel kind of each launch ("bulk", "pipe", "rt",
-    "mma": which kernel ran, for tests and benchmarks)."""
+    fragment and column scale serves 32 rows; N > 8 chunks always run 1)."""
     qtype = check_type("MMA GEMV", qtype, supported)
     n, k, q, d, s16 = layout0("MMA GEMV", act)
     dev = w_raw.device
     pipe = _pipe_choice(qtype, config)
     fill = bool(int((config or {}).get("fill", os.environ.get("TIGHTFIT_MMA_FILL", "1"))))
-    bulk = _mmb.choice(qtype, config)
-    if bulk is not None and not (_mmb.capable(dev.index) and _mmb.fits_storage(w_raw, qtype, k, n_out)):
-        bulk = None
     gkey = (qtype, n, k, int(n_out), dev.index,
-            None if config is None else tuple(sorted(config.items())), pipe, fill, bulk)
+            None if config is None else tuple(sorted(config.items())), pipe, fill)
     g = _geom.get(gkey)
     if g is None:
         rb = check_shape("MMA GEMV", qtype, act, dev)
@@ -437,15 +427,6 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
         launches = []
         for c0, nc in _chunks(n):
             nt = 1 if nc <= 8 else 2
-            if nt == 1 and bulk is not None:
-                nst, sb, minb = bulk
-                sm = _mmb.smem(qtype, nst, sb)
-                fit = min(minb, _smem_sm(dev.index) // (sm + 1024))
-                if fit >= 1:
-                    ctas = _mmb.geometry(qtype, k, int(n_out), _sms(dev.index), fit, sb)
-                    f = _mmb.fn(qtype, dev.index, bulk, _formats()[qtype], _options())
-                    launches.append((f, c0, nc, (ctas, 1, 1), sm, "bulk", _mmb.threads(sb)))
-                    continue
             if nt == 1 and pipe is not None:
                 prt, nst = pipe
                 sm = pipe_smem(qtype, prt, nst)
@@ -453,18 +434,15 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
                 if fit >= 1:
                     ctas, _ = geometry(qtype, k, int(n_out), _sms(dev.index), fit, 1, prt, fill)
                     launches.append((_pipe_fn(qtype, dev.index, prt, nst), c0, nc, (ctas, 1, 1),
-                                     sm, "pipe", THREADS))
+                                     sm))
                     continue
             r = rt if (nt, rt) in KERNELS else 1
             ctas, _ = geometry(qtype, k, int(n_out), _sms(dev.index), cps, nt, r, fill)
-            launches.append((mods[(nt, r)], c0, nc, (ctas, 1, 1), 0, "rt" if r == 2 else "mma",
-                             THREADS))
+            launches.append((mods[(nt, r)], c0, nc, (ctas, 1, 1), 0))
         # workspace needs: a counter per 16-row tile (rt 1 has the most groups), slots per warp
         g = (rb, (-(-int(n_out) // 16), max(ln[3][0] for ln in launches) * WARPS), launches)
         _geom[gkey] = g
     rb, need, launches = g
-    if kinds is not None:
-        kinds[:] = [ln[5] for ln in launches]
     check_operands("MMA GEMV", act, w_raw, int(n_out), out, rb)
     if w_raw.data_ptr() % 16:
         raise ValueError("MMA GEMV: weights must be 16-byte aligned")
@@ -475,8 +453,8 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
     ws = _workspace(dev.index, *need)
     pc, pp = np.uint64(ws.cnt), np.uint64(ws.part)
     with stream:    # the chunks' launches are stream-ordered: they reuse the same counters / slots
-        for fn, c0, nc, grid, sm, _, nthr in launches:
-            fn(grid, (nthr, 1, 1),
+        for fn, c0, nc, grid, sm in launches:
+            fn(grid, (THREADS, 1, 1),
                (np.uint64(pw), np.uint64(pq + c0 * k), np.uint64(pd + c0 * (k // 32) * 4),
                 np.uint64(ps + c0 * (k // 16) * 4), np.uint64(py + c0 * n_out * 4), N_OUT, K,
                 np.int32(nc), pc, pp), shared_mem=sm)

@@ -622,15 +622,9 @@ TF_DEV void tf_mma_reduce(float* __restrict__ y, int n_out, int ncols, int tg, i
 // protocol above. Inline on purpose: as a __noinline__ call the ABI's saved registers cost spills
 // in the hot loop; here the cold branch reuses the step's dead decode registers. The split is
 // recomputed from kernel parameters and special registers rather than kept live across the loop.
-// more: the warp has items after this group (then tg is its FIRST group): the arrival is issued
-// but its old count is not waited for: lane 0 keeps it in pend_old (pend_tg = tg) and the warp
-// goes on; tf_mma_settle, after the warp's loop, reads it and reduces if this piece arrived last.
-// Why: the old count is an L2 round trip (~1 us) that stalled the warp in the middle of its range
-// at every split first group; now only the range's end waits (session 14).
 template <int RT, int NT>
 TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, int g, int t,
-                          bool whole, bool more, int spt, int* cnt, float* part,
-                          float (&acc)[RT][NT][4], int& pend_old, int& pend_tg) {
+                          bool whole, int spt, int* cnt, float* part, float (&acc)[RT][NT][4]) {
   static_assert(RT * NT * 4 <= TF_MMA_SLOT_FLOATS, "slot too small for this accumulator");
   constexpr int SLOT = TF_MMA_SLOT_FLOATS * 32;
   if (!whole) {
@@ -661,13 +655,6 @@ TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, i
       old = tf_mma_arrive_release(cnt + tg);
 #endif
     }
-#if !TF_MMA_LEGACY
-    if (more) {                           // warp-uniform; settled by tf_mma_settle
-      pend_old = old;
-      pend_tg = tg;
-      return;
-    }
-#endif
     old = __shfl_sync(0xffffffffu, old, 0);
     if (old != tf_mma_pieces(items, nw, spt, a) - 1) return;   // warp-uniform: not the last
     if (lane == 0) tf_mma_fence();          // acquire: the other pieces' slot stores are visible
@@ -677,23 +664,6 @@ TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, i
   }
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt) tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, acc[rt]);
-}
-
-// After a warp's loop: the deferred arrival of its first tile group (tf_mma_finish, more = true),
-// if any. Sums the group's pieces when that arrival was the last one.
-template <int RT, int NT>
-TF_DEV void tf_mma_settle(float* __restrict__ y, int n_out, int ncols, int g, int t, int spt,
-                          int* cnt, const float* part, int pend_old, int pend_tg) {
-  if (pend_tg < 0) return;                  // warp-uniform
-  const int old = __shfl_sync(0xffffffffu, pend_old, 0);
-  const tf_mma_ix items = (tf_mma_ix)((n_out + 16 * RT - 1) / (16 * RT)) * spt;
-  const tf_mma_ix nw = (tf_mma_ix)gridDim.x * TF_MMA_WARPS;
-  const tf_mma_ix a = (tf_mma_ix)pend_tg * spt;
-  if (old != tf_mma_pieces(items, nw, spt, a) - 1) return;
-  if (((4 * g + t)) == 0) tf_mma_fence();   // acquire: the other pieces' slot stores are visible
-  __syncwarp();
-  float acc[RT][NT][4];
-  tf_mma_reduce<RT, NT>(y, n_out, ncols, pend_tg, g, t, items, nw, spt, cnt, part, acc);
 }
 
 // tf_mma: one 16-row tile per warp (the default; kept apart from tf_mma_rt's general form, with
@@ -738,7 +708,6 @@ tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float
       co[T][cc] = ce * (K >> 5);
     }
   }
-  int pend_old = 0, pend_tg = -1;          // tf_mma_finish's deferred arrival
   while (it < iend) {                                        // warp-uniform
     const int tile = it / spt, s0 = it - tile * spt;
     const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
@@ -763,11 +732,10 @@ tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float
       for (int u = 0; u < U; ++u)
         if (b + u < nb) tf_mma_block<M, NT, 1>(r0[u], r1[u], t, b + u, xq, xd, xs16, xo, co, acc);
     }
-    tf_mma_finish<1, NT>(y, n_out, ncols, tile, g, t, s0 == 0 && s1 == spt,
-                         it + (s1 - s0) < iend, spt, cnt, part, acc, pend_old, pend_tg);
+    tf_mma_finish<1, NT>(y, n_out, ncols, tile, g, t, s0 == 0 && s1 == spt, spt, cnt, part,
+                         acc);
     it += s1 - s0;
   }
-  tf_mma_settle<1, NT>(y, n_out, ncols, g, t, spt, cnt, part, pend_old, pend_tg);
 }
 
 // tf_mma_rt (opt-in, gemv_mma.py config "rt": 2; instantiated at NT = 1, RT = 2): tf_mma with
@@ -812,7 +780,6 @@ tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
       co[T][cc] = ce * (K >> 5);
     }
   }
-  int pend_old = 0, pend_tg = -1;          // tf_mma_finish's deferred arrival
   while (it < iend) {                                        // warp-uniform
     const int tg = it / spt, s0 = it - tg * spt;
     const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
@@ -847,10 +814,9 @@ tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
       for (int u = 0; u < U; ++u)
         if (b + u < nb) tf_mma_block<M, NT, RT>(r0[u], r1[u], t, b + u, xq, xd, xs16, xo, co, acc);
     }
-    tf_mma_finish<RT, NT>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt,
-                          it + (s1 - s0) < iend, spt, cnt, part, acc, pend_old, pend_tg);
+    tf_mma_finish<RT, NT>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt, spt, cnt, part,
+                          acc);
     it += s1 - s0;
   }
-  tf_mma_settle<RT, NT>(y, n_out, ncols, g, t, spt, cnt, part, pend_old, pend_tg);
 }
 #endif  // TF_DEVICE

@@ -115,7 +115,6 @@ tf_mma_pipe(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const 
     tf_mmp_commit();
   }
   int stage = 0;                                             // stage of the item computed next
-  int pend_old = 0, pend_tg = -1;          // tf_mma_finish's deferred arrival
   while (it < iend) {                                        // warp-uniform
     const int tg = it / spt, s0 = it - tg * spt;
     const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
@@ -159,11 +158,10 @@ tf_mma_pipe(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const 
       __syncwarp();
       stage = stage + 1 == NST ? 0 : stage + 1;
     }
-    tf_mma_finish<RT, 1>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt,
-                         it + (s1 - s0) < iend, spt, cnt, part, acc, pend_old, pend_tg);
+    tf_mma_finish<RT, 1>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt, spt, cnt, part,
+                         acc);
     it += s1 - s0;
   }
-  tf_mma_settle<RT, 1>(y, n_out, ncols, g, t, spt, cnt, part, pend_old, pend_tg);
   tf_mmp_wait<0>();
 }
 #endif  // TF_DEVICE
