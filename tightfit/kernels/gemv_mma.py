@@ -91,10 +91,8 @@ def _options() -> tuple[str, ...]:
     if legacy not in ("0", "1", ""):
         raise ValueError(f"TIGHTFIT_MMA_LEGACY={legacy!r}: expected 0 or 1")
     minb = _min_blocks()
-    rb = os.environ.get("TIGHTFIT_MMA_RED_BATCH", "").strip()
     return (("-std=c++17",) + (("-DTF_MMA_LEGACY=1",) if legacy == "1" else ())
-            + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ())
-            + ((f"-DTF_MMA_RED_BATCH={rb}",) if rb else ()))
+            + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ()))
 
 
 def _min_blocks() -> int:

@@ -589,9 +589,6 @@ TF_DEV int tf_mma_arrive_release(int* c) {
 }
 TF_DEV void tf_mma_fence() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
-#ifndef TF_MMA_RED_BATCH
-#define TF_MMA_RED_BATCH 4
-#endif
 // Sum the P pieces of tile group tg (this warp arrived last) in ascending warp order into acc,
 // store them, reset the group's counter.
 template <int RT, int NT>
@@ -603,36 +600,18 @@ TF_DEV void tf_mma_reduce(float* __restrict__ y, int n_out, int ncols, int tg, i
   const tf_mma_ix a = (tf_mma_ix)tg * spt;
   const int P = tf_mma_pieces(items, nw, spt, a);
   const tf_mma_ix wf = tf_mma_owner(items, nw, a);
-  // (session 14, call 6: measured slower, removed in the next commit) the pieces' loads go out
-  // TF_MMA_RED_BATCH at a time before their adds; the adds stay in ascending warp order
-  constexpr int NF = RT * NT * 4;
-  for (int k0 = 0; k0 < P; k0 += TF_MMA_RED_BATCH) {
-    float x[TF_MMA_RED_BATCH][NF];
+  for (int k = 0; k < P; ++k) {                              // ascending warp order
+    const tf_mma_ix v = tf_mma_piece(items, nw, a, wf, k);
+    const float* p = part + (v * 2 + (k == 0 ? tf_mma_slot(items, nw, a, v) : 0)) * SLOT + lane;
 #pragma unroll
-    for (int u = 0; u < TF_MMA_RED_BATCH; ++u) {
-      const int k = k0 + u;
-      if (k < P) {
-        const tf_mma_ix v = tf_mma_piece(items, nw, a, wf, k);
-        const float* p = part + (v * 2 + (k == 0 ? tf_mma_slot(items, nw, a, v) : 0)) * SLOT + lane;
+    for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-        for (int f = 0; f < NF; ++f) x[u][f] = __ldcg(p + f * 32);
-      }
-    }
+      for (int T = 0; T < NT; ++T)
 #pragma unroll
-    for (int u = 0; u < TF_MMA_RED_BATCH; ++u) {
-      const int k = k0 + u;
-      if (k < P) {
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-          for (int T = 0; T < NT; ++T)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const float xv = x[u][(rt * NT + T) * 4 + i];
-              acc[rt][T][i] = k == 0 ? xv : acc[rt][T][i] + xv;
-            }
-      }
-    }
+        for (int i = 0; i < 4; ++i) {
+          const float x = __ldcg(p + ((rt * NT + T) * 4 + i) * 32);   // L2, not a stale L1 line
+          acc[rt][T][i] = k == 0 ? x : acc[rt][T][i] + x;    // piece 0 as stored, then in order
+        }
   }
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt) tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, acc[rt]);
