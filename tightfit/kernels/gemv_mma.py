@@ -92,17 +92,7 @@ def _options() -> tuple[str, ...]:
         raise ValueError(f"TIGHTFIT_MMA_LEGACY={legacy!r}: expected 0 or 1")
     minb = _min_blocks()
     return (("-std=c++17",) + (("-DTF_MMA_LEGACY=1",) if legacy == "1" else ())
-            + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ())
-            + (("-DTF_MMA_LEAN=1",) if _lean() else ()))
-
-
-def _lean() -> bool:
-    """TIGHTFIT_MMA_LEAN=1: the NT = RT = 1 kernels step one 256-element block at a time
-    (gemv_mma.cuh TF_MMA_LEAN; an occupancy experiment, bench/NOTES.md session 14)."""
-    v = os.environ.get("TIGHTFIT_MMA_LEAN", "0").strip()
-    if v not in ("0", "1", ""):
-        raise ValueError(f"TIGHTFIT_MMA_LEAN={v!r}: expected 0 or 1")
-    return v == "1"
+            + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ()))
 
 
 def _min_blocks() -> int:
@@ -373,7 +363,7 @@ def step_blocks(qtype: int, nt: int, rt: int = 1) -> int:
     u, qk = _fmt_const(qtype, "U"), _fmt_const(qtype, "QK")
     if qk == 32:
         return u // rt
-    return u if (nt == 1 and rt == 1 and not _lean()) else 1
+    return u if (nt == 1 and rt == 1) else 1
 
 
 def geometry(qtype: int, n_in: int, n_out: int, sms: int, ctas_per_sm: int = 2,

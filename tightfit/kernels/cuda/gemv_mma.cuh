@@ -304,15 +304,8 @@ template <class M> struct tf_mma_off<M, decltype((void)M::OFF)> { static constex
 // scales and sums take the registers of U - 1 blocks' raw words (ptxas spilled at U = 2, 128
 // registers), and RT = 2 row tiles hold twice the raw words per block, so the 256-element formats
 // step one block at a time there (Q8_0: U / RT). gemv_mma.py mirrors this (step_blocks()).
-// TF_MMA_LEAN=1 (gemv_mma.py: TIGHTFIT_MMA_LEAN=1): one 256-element block per step at NT = RT = 1
-// too, so the kernel fits fewer registers (IQ4_XS: 64 without spills) for more resident warps
-// (session 14: an occupancy experiment with TIGHTFIT_MMA_MINB=3|4 and config rt 1).
-#ifndef TF_MMA_LEAN
-#define TF_MMA_LEAN 0
-#endif
 template <class M, int NT, int RT = 1> struct tf_mma_u {
-  static constexpr int U = M::QK == 32 ? M::U / RT
-                                       : ((NT == 1 && RT == 1 && !TF_MMA_LEAN) ? M::U : 1);
+  static constexpr int U = M::QK == 32 ? M::U / RT : ((NT == 1 && RT == 1) ? M::U : 1);
 };
 
 
