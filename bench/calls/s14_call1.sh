@@ -1,5 +1,6 @@
 #!/bin/bash
 # Session 14, device call 1. Carry [".whl", ".tcache_in", ".fixtures"].
+# Ran on the first version of the code committed in 13c9ec9 (removed again in b153df0).
 # Issue 10: the bulk-staged tensor-core GEMV (gemv_mma_bulk.cuh, tf_mmb): weights brought into a
 # shared-memory ring by cp.async.bulk, so a whole stage is in flight while the warps compute.
 #  1. its device tests (against gguf-py dequantization and gemv_cuda; bitwise repeatability);

@@ -1,5 +1,6 @@
 #!/bin/bash
 # Session 14, device call 2. Carry [".whl", ".tcache_in", ".fixtures"].
+# Ran on 13c9ec9's bulk kernel without its deferred fixup arrival (both removed in b153df0).
 # Issue 10: call 1 measured the bulk-staged GEMV (8 warps, 128 registers) 3-20 % SLOWER than
 # tf_mma_rt: both are issue-bound at ~0.45 IPC with 4 warps per scheduler. The bulk ring frees the
 # registers that held loads in flight, so it can run more warps: sb 2 (4 warps per CTA) at 4-5

@@ -1,5 +1,6 @@
 #!/bin/bash
 # Session 14, device call 3. Carry [".whl", ".tcache_in", ".fixtures"].
+# Ran on 13c9ec9 (the deferred arrival and the bulk kernel, off by default; removed in b153df0).
 # Issue 10: the fixup's first-group arrival no longer waits for its old count (tf_mma_finish,
 # more = true; tf_mma_settle after the warp's loop). Session 11 measured the deterministic fixup at
 # ~2 ms of the M = 5 verify block (14.88 against 12.80 with atomics).

@@ -1,5 +1,6 @@
 #!/bin/bash
 # Session 14, device call 4. Carry [".whl", ".tcache_in", ".fixtures"].
+# Ran on 13c9ec9 (removed in b153df0).
 # Issue 10: why is the tensor-core GEMV as slow at N = 1 as at N = 5 (IQ4_XS 5120->17408: 32.5 /
 # 34.4 us) and 1.7x the dp4a N = 1 kernel (18.9 us), and why did the bulk-staged variant (more bytes
 # in flight, no register loads) and more warps make it slower? Nsight Compute: stall reasons, IPC,

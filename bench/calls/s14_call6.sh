@@ -1,5 +1,6 @@
 #!/bin/bash
 # Session 14, device call 6. Carry [".whl", ".tcache_in", ".fixtures"].
+# Ran on 281a8a4 (TIGHTFIT_MMA_RED_BATCH; removed in 7aaf0c3).
 # Issue 10: the fixup's reducing warp now issues the slot loads of TF_MMA_RED_BATCH pieces before
 # adding them (one L2 round trip per batch instead of one per piece; the sum is the launch's tail,
 # ~4-5 pieces per tile group on the FFN shapes). Same bits. M = 5 verify block at batch 1 (as

@@ -1,5 +1,6 @@
 #!/bin/bash
 # Session 14, device call 7. Carry [".whl", ".tcache_in", ".fixtures"].
+# Ran on 2a39c20 (TIGHTFIT_MMA_LEAN; removed in 53a6602).
 # Issue 10, occupancy of the tensor-core GEMV (ncu, call 4: 3.4 warps per scheduler against the
 # dp4a N = 1 kernel's 6.7; same instruction count within 14 %). TIGHTFIT_MMA_LEAN=1 makes the
 # one-row-tile kernel step one block at a time: IQ4_XS then fits 64 registers without spills
