@@ -86,18 +86,13 @@ _geom: dict[tuple, tuple] = {}
 
 def _options() -> tuple[str, ...]:
     """NVRTC options; TIGHTFIT_MMA_LEGACY=1 builds session 11's arithmetic (I2F conversions, int64
-    split arithmetic, a fence at every fixup arrival) for A/B timing (bench/NOTES.md, session 13);
-    TIGHTFIT_MMA_PF_L1=0 builds tf_mma_rt without its L1 prefetch of the next block (session 14)."""
+    split arithmetic, a fence at every fixup arrival) for A/B timing (bench/NOTES.md, session 13)."""
     legacy = os.environ.get("TIGHTFIT_MMA_LEGACY", "0").strip()
     if legacy not in ("0", "1", ""):
         raise ValueError(f"TIGHTFIT_MMA_LEGACY={legacy!r}: expected 0 or 1")
     minb = _min_blocks()
-    pf = os.environ.get("TIGHTFIT_MMA_PF_L1", "1").strip() or "1"
-    if pf not in ("0", "1"):
-        raise ValueError(f"TIGHTFIT_MMA_PF_L1={pf!r}: expected 0 or 1")
     return (("-std=c++17",) + (("-DTF_MMA_LEGACY=1",) if legacy == "1" else ())
-            + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ())
-            + (("-DTF_MMA_PF_L1=0",) if pf == "0" else ()))
+            + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ()))
 
 
 def _min_blocks() -> int:

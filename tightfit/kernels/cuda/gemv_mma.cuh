@@ -666,29 +666,6 @@ TF_DEV void tf_mma_finish(float* __restrict__ y, int n_out, int ncols, int tg, i
   for (int rt = 0; rt < RT; ++rt) tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, acc[rt]);
 }
 
-// L1 prefetch of the warp's next block (TF_MMA_PF_L1, gemv_mma.py: TIGHTFIT_MMA_PF_L1, default 1).
-// Why (session 14, Nsight Compute source counters, IQ4_XS 5120->17408 at N = 5): 18 % of all stall
-// samples sat on the first use of a step's weight words (long scoreboard): a warp loads a block only
-// when it starts it, then waits a DRAM latency with no second block in flight (registers: 4 rows x
-// 10 words already). A prefetch holds no register: at the start of block b every lane asks L1 for
-// its row's block b + 1 (lane t of a quad takes the quad's row t: rows g, g + 8, 16 + g, 24 + g), at
-// offsets 0, BB / 2 and BB - 1 (every 128-byte line of a block of <= 256 bytes), so the next
-// block's loads find their lines in L1. Session 13's L2 prefetch (every lane, every row, runtime
-// distance) cost 3 %: the L2 latency stayed and the parameter cost registers.
-#ifndef TF_MMA_PF_L1
-#define TF_MMA_PF_L1 1
-#endif
-template <class M>
-TF_DEV void tf_mma_prefetch_l1(const uint8_t* __restrict__ p) {
-#if TF_DEVICE
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p + M::BB / 2));
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p + (M::BB - 1)));
-#else
-  (void)p;
-#endif
-}
-
 // tf_mma: one 16-row tile per warp (the default; kept apart from tf_mma_rt's general form, with
 // which ptxas spilled a few bytes at RT = 1).
 // Work split ("stream-K"): a work item is one step = U consecutive blocks of one 16-row tile
@@ -821,15 +798,7 @@ tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
       for (int T = 0; T < NT; ++T)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[rt][T][i] = 0.f;
-#if TF_MMA_PF_L1
-    // this lane's prefetch row: row t of the quad's 2 * RT rows (RT = 2: wr0[0], wr1[0], wr0[1], wr1[1])
-    const uint8_t* __restrict__ pfr = (t & 1) ? wr1[RT > 1 ? (t >> 1) % RT : 0] : wr0[RT > 1 ? (t >> 1) % RT : 0];
-    const int bend = s1 * U < nb ? s1 * U : nb;
-#endif
     for (int b = s0 * U; b < s1 * U; b += U) {
-#if TF_MMA_PF_L1
-      if (b + U < bend && (RT > 1 || t < 2)) tf_mma_prefetch_l1<M>(pfr + (uint64_t)(b + U) * M::BB);
-#endif
       typename M::Raw r0[U][RT], r1[U][RT];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
