@@ -1,6 +1,6 @@
 #!/bin/bash
 # Session 14, device call 9. Carry [".whl", ".tcache_in", ".fixtures"].
-# Ran on the commit that adds TF_MMA_PF_L1 (removed in the commit after it).
+# Ran on 1a45885 (TF_MMA_PF_L1; removed in a9a47d4).
 # Issue 10: tf_mma_rt prefetches its next block into L1 (CCTL.E.PF1; call 8's source counters put
 # 18 % of all stall samples on the first use of a step's weight words). A/B on one machine:
 # TIGHTFIT_MMA_PF_L1=1 (default) against 0, the verify block and per matrix; the GEMV device tests.
