@@ -114,3 +114,35 @@ def test_q6_k_crossover_follows_the_pipelined_kernel(monkeypatch):
     monkeypatch.setenv("TIGHTFIT_MMA_PIPE", "0")
     assert R.mma_min_n(14) == 8 and not R.mma_routed(14, 5, _FakeCuda)
     assert all(R.mma_min_n(t) == R.MMA_MIN_N[t] for t in R.MMA_MIN_N)
+
+
+def test_small_matrices_cross_over_later(monkeypatch):
+    """The size buckets (session 14, call 11: the tensor-core kernel's ~10 us fixed cost) only ever
+    raise a type's crossover, raise it less as matrices grow, and leave the FFN-sized matrices and
+    the output head on the old crossover; without a size the old table applies."""
+    monkeypatch.setattr(gemv_mma, "available", lambda: True)
+    monkeypatch.setattr(gemv_mma, "capable", lambda dev: True)
+    monkeypatch.setenv("TIGHTFIT_GEMV_MMA", "1")
+    monkeypatch.delenv("TIGHTFIT_MMA_PIPE", raising=False)
+    for t, buckets in R.MMA_MIN_N_BY_SIZE.items():
+        base = R.mma_min_n(t)
+        limits = [lim for lim, _ in buckets]
+        assert limits == sorted(limits)
+        prev = 17
+        for lim, _ in buckets:
+            m = R.mma_min_n(t, lim)
+            assert base <= m <= prev, (t, lim)
+            prev = m
+        assert R.mma_min_n(t, 5120 * 17408) == base          # FFN matrices: unchanged
+        assert R.mma_min_n(t, 5120 * 248320) == base         # output head
+    # the 27B's small matrices at the verify block's N = 5 stay on gemv_cuda ...
+    assert not R.mma_routed(13, 5, _FakeCuda, 5120 * 1024)   # Q5_K attn_v
+    assert not R.mma_routed(14, 5, _FakeCuda, 5120 * 1024)   # Q6_K attn_k
+    assert not R.mma_routed(23, 5, _FakeCuda, 5120 * 6144)   # IQ4_XS attn_gate
+    # ... where the tensor-core kernel measured faster they route
+    assert R.mma_routed(13, 5, _FakeCuda, 6144 * 5120)       # Q5_K ssm_out
+    assert R.mma_routed(23, 5, _FakeCuda, 5120 * 12288)      # IQ4_XS attn_q
+    assert R.mma_routed(13, 3, _FakeCuda, 17408 * 5120)      # Q5_K ffn_down
+    assert R.mma_routed(23, 16, _FakeCuda, 5120 * 1024)      # past 8 columns: always
+    monkeypatch.setenv("TIGHTFIT_MMA_BY_SIZE", "0")               # A/B switch: the old table
+    assert R.mma_routed(13, 5, _FakeCuda, 5120 * 1024)

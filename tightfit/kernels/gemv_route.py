@@ -185,13 +185,39 @@ MMA_MIN_N = {12: 3, 13: 3, 23: 4, 14: 8, 8: 9}
 MMA_MIN_N_PIPE = {14: 5}
 
 
-def mma_min_n(qtype: int) -> int | None:
-    """Smallest column count routed to gemv_mma for `qtype` (None: never)."""
+# Smaller matrices cross over later: the tensor-core kernel has a fixed cost of ~10 us (its
+# stream-K grid spans every resident warp, so a small matrix is cut into many pieces per tile
+# group), while the CUDA GEMV's time shrinks with the matrix. Per type: (largest n_in * n_out,
+# smallest N routed) buckets, from the H200 at N = 2, 3, 5, 8 on the 27B's shapes (session 14,
+# call 11, bench/RESULTS.md): e.g. Q5_K 5120->1024 at N = 5 7.4 us on gemv_cuda against 13.7 on
+# gemv_mma, IQ4_XS 5120->6144 16.2 against 19.3; from 17408 rows or columns the table above holds.
+# A bucket never lowers a type's crossover (the larger of the two applies).
+MMA_MIN_N_BY_SIZE = {
+    23: ((8 << 20, 9), (40 << 20, 8), (56 << 20, 5)),               # IQ4_XS
+    13: ((8 << 20, 9), (40 << 20, 5), (64 << 20, 4)),               # Q5_K
+    12: ((8 << 20, 9), (40 << 20, 6), (64 << 20, 4)),               # Q4_K
+    14: ((64 << 20, 8),),                                           # Q6_K
+}
+
+
+def _by_size() -> bool:
+    """TIGHTFIT_MMA_BY_SIZE=0 turns the size buckets off (A/B timing)."""
+    return os.environ.get("TIGHTFIT_MMA_BY_SIZE", "1").strip() not in ("0", "off", "false", "no")
+
+
+def mma_min_n(qtype: int, weights: int | None = None) -> int | None:
+    """Smallest column count routed to gemv_mma for `qtype` (None: never); weights (n_in * n_out)
+    applies the matrix-size buckets (MMA_MIN_N_BY_SIZE)."""
     m = MMA_MIN_N.get(int(qtype))
     if m is not None and int(qtype) in MMA_MIN_N_PIPE:
         from tightfit.kernels import gemv_mma
         if gemv_mma.pipe_default(int(qtype)):
             m = MMA_MIN_N_PIPE[int(qtype)]
+    if m is not None and weights is not None and _by_size():
+        for limit, n in MMA_MIN_N_BY_SIZE.get(int(qtype), ()):
+            if int(weights) <= limit:
+                m = max(m, n)
+                break
     return m
 
 
@@ -199,12 +225,13 @@ def _mma_on() -> bool:
     return os.environ.get("TIGHTFIT_GEMV_MMA", "1").strip() not in ("", "0", "off", "false", "no")
 
 
-def mma_routed(qtype: int, n: int, w: torch.Tensor) -> bool:
+def mma_routed(qtype: int, n: int, w: torch.Tensor, weights: int | None = None) -> bool:
     """Whether an N-column product of `qtype` weights runs on gemv_mma: switch on, a measured
-    crossover reached, weights 16-byte aligned on an sm_80+ CUDA device with cupy."""
+    crossover reached (for a matrix of `weights` = n_in * n_out weights when given), weights
+    16-byte aligned on an sm_80+ CUDA device with cupy."""
     if not _mma_on():
         return False
-    m = mma_min_n(qtype)
+    m = mma_min_n(qtype, weights)
     if m is None or n < m or not w.is_cuda or w.data_ptr() % 16:
         return False
     from tightfit.kernels import gemv_mma
@@ -220,7 +247,7 @@ def gemv_act(act, w: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
         return gemv2_prepared(act, w, int(qtype), n_out, planar=False, out=out,
                               config={"PATH": "dp4a"}, workspace=workspace)
     if act.layout == 0 and w.is_cuda and cuda_routed(qtype):
-        if mma_routed(qtype, int(act.n), w):
+        if mma_routed(qtype, int(act.n), w, int(act.k) * int(n_out)):
             from tightfit.kernels.gemv_mma import gemv_mma
             return gemv_mma(act, w, int(qtype), n_out, out)
         from tightfit.kernels.gemv_cuda import gemv_cuda
@@ -236,13 +263,14 @@ def gemv_cuda_direct(x: torch.Tensor, w: torch.Tensor, qtype: int, n_out: int):
     from tightfit.kernels.gemv_cuda import gemv_cuda
     qa = quantize_act(x.to(torch.float32).contiguous(), 0)
     out = torch.empty((x.shape[0], int(n_out)), dtype=torch.float32, device=x.device)
-    if mma_routed(qtype, int(x.shape[0]), w):
+    if mma_routed(qtype, int(x.shape[0]), w, int(x.shape[1]) * int(n_out)):
         from tightfit.kernels.gemv_mma import gemv_mma
         return gemv_mma(qa, w, int(qtype), int(n_out), out)
     return gemv_cuda(qa, w, int(qtype), int(n_out), out)
 
 
 __all__ = ["SMALL_TYPES", "CUDA_LAYOUT", "cuda_routed", "mma_routed", "MMA_MIN_N", "mma_min_n",
+           "MMA_MIN_N_BY_SIZE",
            "is_cuda", "producer_writable", "gemv_cuda_direct",
            "act_layout", "is_small", "act_buffers", "make_act", "new_act",
            "quantize_into", "split_floats", "split_bound", "gemv_act"]
