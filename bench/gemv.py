@@ -137,7 +137,7 @@ def call(impl, x, w, t, n_out, n_in, out, cfg=None):
     if impl == "mma":               # tensor-core skinny GEMM (gemv_mma.py); config ctas_per_sm, rt, pipe, nst
         from tightfit.kernels.gemv_mma import gemv_mma
         from tightfit.kernels.quantize_act import quantize_act
-        mma_cfg = {k: cfg[k] for k in ("ctas_per_sm", "rt", "pipe", "nst", "fill", "min_per") if cfg and k in cfg} or None
+        mma_cfg = {k: cfg[k] for k in ("ctas_per_sm", "rt", "pipe", "nst", "fill") if cfg and k in cfg} or None
         return gemv_mma(quantize_act(x, 0), w, t, n_out, out, config=mma_cfg)
     if impl.startswith("v2n1"):
         cfg = {**(cfg or {}), "PATH": "dp4a"}

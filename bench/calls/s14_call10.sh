@@ -1,5 +1,6 @@
 #!/bin/bash
 # Session 14, device call 10. Carry [".whl", ".tcache_in", ".fixtures"].
+# Ran on 0e8f1eb (the min_per geometry option; removed in the next commit, no gain).
 # Issue 10: the tensor-core GEMV's stream-K grid gives every resident warp a range, so a small
 # matrix (5120->1024: 1,280 items for 2,112 warps) is cut into ~20 pieces per tile group, and the
 # last arriving warp sums them one L2 round trip each. min_per (TIGHTFIT_MMA_MIN_PER, config

@@ -1,5 +1,6 @@
 #!/bin/bash
 # Session 14, device call 12. Carry [".whl", ".tcache_in", ".fixtures"].
+# Ran on 0e8f1eb (MMA_MIN_N_BY_SIZE).
 # Issue 10: size-aware routing (gemv_route.MMA_MIN_N_BY_SIZE, call 11's crossovers): small matrices
 # stay on gemv_cuda at N <= 8. Verify blocks M = 2, 3, 5 with it and with TIGHTFIT_MMA_BY_SIZE=0
 # (same machine), then forced acceptance on the seed-mix model, and the routing / verify tests.

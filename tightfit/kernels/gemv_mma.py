@@ -367,7 +367,7 @@ def step_blocks(qtype: int, nt: int, rt: int = 1) -> int:
 
 
 def geometry(qtype: int, n_in: int, n_out: int, sms: int, ctas_per_sm: int = 2,
-             nt: int = 1, rt: int = 1, fill: bool = True, min_per: int = 1) -> tuple[int, bool]:
+             nt: int = 1, rt: int = 1, fill: bool = True) -> tuple[int, bool]:
     """(CTAs, split) of the stream-K launch (gemv_mma.cuh tf_mma): items = 16-row tiles x steps of
     U blocks; one wave of at most sms * ctas_per_sm CTAs (launch bounds: 2 resident per SM) in which
     every warp gets ceil(items / resident warps) or one item fewer, so no SM waits on a tail wave.
@@ -381,8 +381,6 @@ def geometry(qtype: int, n_in: int, n_out: int, sms: int, ctas_per_sm: int = 2,
     items = ((n_out + 16 * rt - 1) // (16 * rt)) * spt
     slots = sms * ctas_per_sm * WARPS
     per = -(-items // slots)                       # items per warp
-    if min_per > per:       # fewer warps, each with at least min_per items (fewer fixup pieces)
-        per, fill = int(min_per), False
     ctas = -(-min(items, slots) // WARPS) if fill else -(-(-(-items // per)) // WARPS)
     nw = ctas * WARPS
     if items * nw >= 1 << 32:
@@ -411,9 +409,8 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
     dev = w_raw.device
     pipe = _pipe_choice(qtype, config)
     fill = bool(int((config or {}).get("fill", os.environ.get("TIGHTFIT_MMA_FILL", "1"))))
-    min_per = int((config or {}).get("min_per", os.environ.get("TIGHTFIT_MMA_MIN_PER", "1")))
     gkey = (qtype, n, k, int(n_out), dev.index,
-            None if config is None else tuple(sorted(config.items())), pipe, fill, min_per)
+            None if config is None else tuple(sorted(config.items())), pipe, fill)
     g = _geom.get(gkey)
     if g is None:
         rb = check_shape("MMA GEMV", qtype, act, dev)
@@ -435,12 +432,12 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
                 sm = pipe_smem(qtype, prt, nst)
                 fit = min(cps, _smem_sm(dev.index) // (sm + 1024))
                 if fit >= 1:
-                    ctas, _ = geometry(qtype, k, int(n_out), _sms(dev.index), fit, 1, prt, fill, min_per)
+                    ctas, _ = geometry(qtype, k, int(n_out), _sms(dev.index), fit, 1, prt, fill)
                     launches.append((_pipe_fn(qtype, dev.index, prt, nst), c0, nc, (ctas, 1, 1),
                                      sm))
                     continue
             r = rt if (nt, rt) in KERNELS else 1
-            ctas, _ = geometry(qtype, k, int(n_out), _sms(dev.index), cps, nt, r, fill, min_per)
+            ctas, _ = geometry(qtype, k, int(n_out), _sms(dev.index), cps, nt, r, fill)
             launches.append((mods[(nt, r)], c0, nc, (ctas, 1, 1), 0))
         # workspace needs: a counter per 16-row tile (rt 1 has the most groups), slots per warp
         g = (rb, (-(-int(n_out) // 16), max(ln[3][0] for ln in launches) * WARPS), launches)
