@@ -24,9 +24,8 @@ from tightfit.kernels import cpu_gemv  # noqa: E402
 from tightfit.model import host_profile as HP  # noqa: E402
 from tightfit.model import placed as P  # noqa: E402
 from tightfit.model.generate import make_model  # noqa: E402
-from tightfit.plan.budget import PlanOptions, plan_model  # noqa: E402
-from tightfit.plan.placement import inventory_from_gguf  # noqa: E402
 from tightfit.plan.rowsplit import SPLIT_ROW_QUANTUM  # noqa: E402
+from _placed import split_plan  # noqa: E402
 
 CTX = 32
 
@@ -50,19 +49,18 @@ def model(request, tmp_path_factory):
 def _plan(path):
     """FFN splits (gate/up split, blk.1 down wholly on the host), an attention input matrix and
     the head split, the embedding on the host."""
-    inv = inventory_from_gguf(path)
-    full = plan_model(inv, PlanOptions(ctx=CTX, available=1 << 34, reserve=0, prefill_chunk=16,
-                                       host_embd="no"))
-    rows = {}
-    for il in range(4):
-        for k in ("ffn_gate", "ffn_up", "attn_qkv", "attn_q"):
-            t = inv.tensors.get(f"blk.{il}.{k}.weight")
-            if t is not None:
-                rows[t.name] = SPLIT_ROW_QUANTUM * (1 + il % 2)
-    rows["blk.1.ffn_down.weight"] = inv.tensors["blk.1.ffn_down.weight"].n_rows
-    V = inv.tensors["output.weight"].n_rows
-    rows["output.weight"] = V - V // SPLIT_ROW_QUANTUM // 2 * SPLIT_ROW_QUANTUM
-    return P.replace_host_rows(full, rows, host_embd=True)
+    def host_rows(inv) -> dict:
+        rows = {}
+        for il in range(4):
+            for k in ("ffn_gate", "ffn_up", "attn_qkv", "attn_q"):
+                t = inv.tensors.get(f"blk.{il}.{k}.weight")
+                if t is not None:
+                    rows[t.name] = SPLIT_ROW_QUANTUM * (1 + il % 2)
+        rows["blk.1.ffn_down.weight"] = inv.tensors["blk.1.ffn_down.weight"].n_rows
+        V = inv.tensors["output.weight"].n_rows
+        rows["output.weight"] = V - V // SPLIT_ROW_QUANTUM // 2 * SPLIT_ROW_QUANTUM
+        return rows
+    return split_plan(path, CTX, host_rows, host_embd=True)
 
 
 def _exe(mf, plan):

@@ -33,6 +33,7 @@ TIGHTFIT_HOST_PASSIVE=0 turns it off). It must run before anything starts numba'
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import sys
@@ -148,8 +149,7 @@ class HostRows:
         """These rows less the first n (self when n = 0): a view, nothing copied."""
         if n == 0:
             return self
-        t = object.__new__(HostRows)
-        t.__dict__.update(self.__dict__)
+        t = copy.copy(self)
         t.w = self.w[n:]
         t.row_start = self.row_start + n
         t.n_rows, t.nbytes = self.n_rows - n, int(t.w.nbytes)
