@@ -13,7 +13,9 @@ when the budget is spent):
      happen in a warm-up before, and every verify block size 1..k+1 is compiled once);
   2. forced acceptance (llama.cpp's --spec-synth-*): a synthetic drafter offers k = 4 tokens every
      round and each verified one is accepted with probability r regardless of the target, r = 0.0
-     and r = 0.8 (--force-accept), in two rows each (--forced-modes):
+     and r = 0.8 (--force-accept), in two rows each (--forced-modes). Each round's accepted length
+     comes from its exact distribution through stratified uniforms (tightfit/runtime/spec/forced.py;
+     until session 15 per-token numpy draws, seed 0, gave 3.11 instead of 3.36 tokens per round):
        "fixed":    adaptive=False, every round drafts k tokens: the mechanism's raw cost (at r = 0
                    the overhead of verifying a k+1 block instead of one token; at 0.8 the expected
                    3.36 tokens per verify forward);
@@ -64,6 +66,7 @@ import torch  # noqa: E402
 
 from tightfit.runtime.sampler import GREEDY  # noqa: E402
 from tightfit.runtime.spec import SpecConfig, SpeculativeEngine, SuffixCache  # noqa: E402
+from tightfit.runtime.spec.forced import expected_tokens  # noqa: E402
 
 SEED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "seeds")
 
@@ -89,7 +92,7 @@ def edit_prompt() -> str:
 
 def expected_per_round(r: float, k: int) -> float:
     """Tokens per verify forward with i.i.d. acceptance r of k drafted tokens (+1 target token)."""
-    return float(k + 1) if r >= 1.0 else (1.0 - r ** (k + 1)) / (1.0 - r)
+    return expected_tokens(r, k)
 
 
 def prompts(engine, n_ctx: int) -> dict[str, list[int]]:
@@ -318,7 +321,8 @@ def main() -> int:
                       plain_tps=tps0, spec_tps=tps, speedup=tps / tps0 if tps0 else 0,
                       acc=d["draft_acceptance"], rounds=d["spec_rounds"],
                       drafted=d["draft_rounds"] / rounds, probes=se.policy.probes,
-                      tokens_per_round=len(last.tokens) / rounds,
+                      # the first token comes from the prefill, before any round
+                      tokens_per_round=(len(last.tokens) - 1) / rounds,
                       expected_tokens_per_round=expected_per_round(r, k) if label == "fixed" else None,
                       verify_ms_per_round=d["verify_ms"] / rounds,
                       plain_ms_per_token=1000.0 / tps0 if tps0 else 0.0,

@@ -234,3 +234,16 @@ def test_drafts_stay_within_the_skinny_gemv_block(engine):
     se.verifier.begin = lambda block, st: sizes.append(len(block)) or begin(block, st)
     list(se.generate([5, 6, 7], max_tokens=40, sampling=GREEDY))
     assert sizes and max(sizes) == GEMV_MAX_M
+
+
+def test_forced_acceptance_rounds_carry_the_expected_tokens(engine):
+    """bench/spec.py's forced 80 % with 4-token drafts: the rounds carry (1 - 0.8^5) / 0.2 = 3.36
+    tokens on average (the stratified draws of spec/forced.py), and every round drafts 4."""
+    se = SpeculativeEngine(engine, SpecConfig(drafters=("synthetic",), max_draft=4,
+                                              adaptive=False, force_accept=0.8))
+    _, last = _run(se.generate([5, 6, 7], max_tokens=301, sampling=GREEDY))
+    t = last.timings
+    per_round = (t.predicted_n - 1) / t.rounds       # the first token comes before any round
+    assert 4 * t.draft_rounds - 8 <= t.draft_n <= 4 * t.draft_rounds   # the last few: cut to room
+    assert abs(per_round - 3.3616) < 0.05, per_round
+    assert abs(t.draft_n_accepted / t.draft_n - 2.3616 / 4) < 0.015

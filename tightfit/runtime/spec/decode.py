@@ -29,6 +29,7 @@ from tightfit.errors import UserError
 from tightfit.model import onetime
 from tightfit.runtime.engine import PREFILL_CHUNK, Event, Timings, _stream_decoder
 from tightfit.runtime.sampler import GREEDY, Sampler, SamplingParams
+from tightfit.runtime.spec.forced import ForcedAcceptance
 from tightfit.runtime.spec.ngram import Draft, NGramDrafter
 from tightfit.runtime.spec.policy import Policy
 from tightfit.runtime.spec.suffix import SuffixCache, SuffixDrafter
@@ -238,7 +239,7 @@ class SpeculativeEngine:
         limit = eng.n_ctx - len(ids)
         if max_tokens is not None:
             limit = min(limit, max_tokens)
-        force_rng = np.random.default_rng(0) if s.force_accept is not None else None
+        forced = ForcedAcceptance(s.force_accept) if s.force_accept is not None else None
 
         def push(tok: int) -> tuple[str | None, str]:
             generated.append(tok)
@@ -289,14 +290,15 @@ class SpeculativeEngine:
             emitted: list[int] = []
             events: list[Event] = []
             n_acc, status, rejected = 0, None, False
+            n_forced = forced.accepted(len(dtoks)) if forced is not None else 0
             # greedy without penalties: the round's argmaxes in one small copy, no rows
             am = rnd.argmaxes() if acc.argmax_only and hasattr(rnd, "argmaxes") else None
             for i in range(len(block)):
                 row = rnd.row(i) if am is None else None
                 if i < len(dtoks):
                     q = draft.q[i] if draft.q else None
-                    if force_rng is not None:
-                        ok = bool(force_rng.random() < s.force_accept)
+                    if forced is not None:
+                        ok = i < n_forced
                         tok = dtoks[i] if ok else \
                             (am[i] if am is not None else acc.target(row, history))
                     elif am is not None:
@@ -325,7 +327,7 @@ class SpeculativeEngine:
                 timings.count(name, len(dtoks), n_acc)
                 pol.record_accept(name, draft.match_len, len(dtoks), n_acc,
                                   censored=not rejected and n_acc < len(dtoks))
-            if force_rng is None:       # forced acceptance has nothing to do with the tokens
+            if forced is None:          # forced acceptance has nothing to do with the tokens
                 self._shadow(name, emitted)
             else:
                 self._cheap = {}
