@@ -189,7 +189,7 @@ class SpeculativeEngine:
                  context: "SpecContext | None" = None) -> Iterator[Event]:
         """As Engine.generate; `context` (from `new_context`, with `state`) carries the MTP
         drafter's view of the first `n_past` positions from earlier requests."""
-        eng, s, pol = self.engine, self.spec, self.policy
+        eng = self.engine
         ids = eng.encode_prompt(prompt)
         if max_tokens is not None and max_tokens < 0:
             raise UserError(f"max_tokens must be >= 0, got {max_tokens}")
