@@ -25,7 +25,8 @@ when the budget is spent):
      Each row prints the fraction of rounds that drafted and the round times the policy measured
      per draft length (round_ms, k = 0 the plain step). At r > 0 the output is wrong by design
      (accepted drafts are copies of the last token), only the timing counts;
-  3. real drafters (ngram,suffix[,mtp with --mtp]) on a repetitive task (copy a code listing back),
+  3. real drafters (ngram,suffix[,mtp with --mtp]) on repetitive tasks (copy a code listing back;
+     edit a file; summarise with quotes; a two-turn agent conversation, --real-prompts),
      greedy, twice (the second request sees the first one's output in the shared suffix cache):
      checks that the speculative tokens equal the plain ones; prints acceptance per drafter.
 
@@ -34,8 +35,10 @@ per token as --seedmix, every weight zero but a hand-built induction circuit): i
 copies from its context as a real model's does on these tasks, so the real drafters meet realistic
 acceptance (random weights never repeat anything). Prompts (--real-prompts): repeat (copy a short
 listing back twice), edit (a ~2,000-token Python file with a rename to apply: the answer is the
-file again), prose, zh-seed004; --repeat 2 replays each request (the second sees the first one's
-output in the suffix cache: a multi-turn agent replay).
+file again), quote (summarise the README, quoting its sentences), agent (two turns of an agent
+conversation: request 2 is turn 1's prompt and answer plus a new ask to return the file again),
+prose, zh-seed004; --repeat 2 sends each request twice (the second sees the first one's output in
+the suffix cache; for agent, the second is turn 2).
 
 Other uses:
   python3 bench/spec.py --device cpu                 # tiny synthetic model on CPU (smoke test)
@@ -90,13 +93,42 @@ def edit_prompt() -> str:
             "<|im_start|>assistant\n```python\n")
 
 
+def _read(rel: str, n: int) -> str:
+    with open(os.path.join(os.path.dirname(__file__), "..", rel), encoding="utf-8") as f:
+        return f.read()[:n]
+
+
+def quote_prompt() -> str:
+    """Summarise with quotes: a ~1,500-token document (this repository's README) and a request
+    for a summary that quotes its sentences, i.e. answers that copy spans of the prompt."""
+    return ("<|im_start|>user\n" + _read("README.md", 6000) + "\n\nSummarise the text above in "
+            "five points. Quote, word for word, the sentence each point comes from.<|im_end|>\n"
+            "<|im_start|>assistant\n1. \"")
+
+
+def agent_turn1() -> str:
+    """A multi-turn agent replay, turn 1: edit a ~1,000-token file (the n-gram drafter)."""
+    code = _read("tightfit/runtime/spec/ngram.py", 4000)
+    return ("<|im_start|>user\nRename NGramDrafter to NGramProposer in this file and give me the "
+            "whole file back:\n\n```python\n" + code + "```<|im_end|>\n<|im_start|>assistant\n"
+            "```python\n")
+
+
+# turn 2 follows turn 1's answer: the same file again, so the suffix cache (which holds turn 1's
+# output) and the n-gram drafter (turn 1's answer is now in the prompt) both have it
+AGENT_TURN2 = ("<|im_end|>\n<|im_start|>user\nThe tests still import NGramDrafter. Add "
+               "`NGramDrafter = NGramProposer` at the end and give me the whole file again."
+               "<|im_end|>\n<|im_start|>assistant\n```python\n")
+
+
 def expected_per_round(r: float, k: int) -> float:
     """Tokens per verify forward with i.i.d. acceptance r of k drafted tokens (+1 target token)."""
     return expected_tokens(r, k)
 
 
 def prompts(engine, n_ctx: int) -> dict[str, list[int]]:
-    out = {"repeat": REPEAT, "prose": PROSE, "edit": edit_prompt()}
+    out = {"repeat": REPEAT, "prose": PROSE, "edit": edit_prompt(), "quote": quote_prompt(),
+           "agent": agent_turn1()}
     try:
         seeds = sorted(f for f in os.listdir(SEED) if f.startswith("004_"))
         if seeds:
@@ -234,7 +266,8 @@ def main() -> int:
     ap.add_argument("--synth-k", default="4")
     ap.add_argument("--skip-real", action="store_true")
     ap.add_argument("--real-prompts", default="repeat",
-                    help="comma list of: repeat,edit,prose,zh-seed004,all")
+                    help="comma list of: repeat,edit,quote,agent,prose,zh-seed004,all (agent: "
+                         "request 2 is turn 2 of the conversation, not a replay)")
     ap.add_argument("--repeat", type=int, default=2, help="requests per prompt (the 2nd sees the suffix cache)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip later steps past this")
     ap.add_argument("--out")
@@ -353,10 +386,19 @@ def main() -> int:
             for rep in range(a.repeat):
                 if over_budget(f"real {name}#{rep}"):
                     break
-                base, tps0 = plain(name)
-                last, tps = run_one(se.generate, P[name], a.max_tokens, dev, st)
+                key = name
+                if name == "agent" and rep > 0:   # turn rep + 1: the conversation so far + a new ask
+                    key = f"agent@{rep + 1}"
+                    if key not in P:
+                        prev = "agent" if rep == 1 else f"agent@{rep}"
+                        P[key] = (P[prev] + plain(prev)[0].tokens
+                                  + engine.tokenizer.encode(AGENT_TURN2, add_special=False,
+                                                            parse_special=True)
+                                  )[-(a.n_ctx - a.max_tokens - 8):]   # keep the new ask
+                base, tps0 = plain(key)
+                last, tps = run_one(se.generate, P[key], a.max_tokens, dev, st)
                 d = last.timings.as_dict()
-                emit(dict(mode="real", prompt=name, rep=rep, n=len(last.tokens),
+                emit(dict(mode="real", prompt=key, rep=rep, n=len(last.tokens),
                           verifier=type(se.verifier).__name__,
                           drafted=d["draft_rounds"] / max(1, d["spec_rounds"]),
                           round_ms={k: round(c.ms, 3) for k, c in sorted(se.policy.round_ms.items())},
