@@ -153,12 +153,13 @@ def test_v3_kernel_names_and_wpr():
 
 def test_auto_takes_the_measured_winners():
     """The default variant picks, per launch, what session 4's H200 runs measured fastest: at
-    NC = 1 tf_gemv4 for IQ4_XS, tf_gemv2h for Q5_K (v4 measured slower there), v3 at NC >= 2 on
-    wide matrices, v2 bodies on narrow ones; and it compiles exactly the two modules it may
-    launch."""
+    NC = 1 tf_gemv4 for IQ4_XS, tf_gemv2h for Q5_K (v4 measured slower there), v3 from NC = 4 on
+    wide matrices (session 15: the v2 bodies won at NC = 2, 3 on every wide shape), v2 bodies on
+    narrow ones; and it compiles exactly the two modules it may launch."""
     assert gc.DEFAULT_KERN == "auto" and gc._kern() in gc.KERNS
     assert gc.concrete("auto", 1, 17408) == "v4"
-    assert gc.concrete("auto", 8, 17408) == "v3" and gc.concrete("auto", 2, 5120) == "v3"
+    assert gc.concrete("auto", 8, 17408) == "v3" and gc.concrete("auto", 4, 5120) == "v3"
+    assert gc.concrete("auto", 2, 17408) == "v4" and gc.concrete("auto", 3, 5120) == "v4"
     assert gc.concrete("auto", 8, 1024) == "v4"
     assert gc.concrete("v2h", 8, 17408) == "v2h"
     assert gc.module_kerns("auto") == ("v4", "v3") and gc.module_kerns("v3") == ("v3",)

@@ -32,7 +32,7 @@ from _kv_cases import check_close, quant_kv_case  # noqa: E402
 
 TYPES = (12, 23, 8, 13, 14)               # Q4_K IQ4_XS Q8_0 Q5_K Q6_K
 NAMES = {12: "Q4_K", 23: "IQ4_XS", 8: "Q8_0", 13: "Q5_K", 14: "Q6_K"}
-A, B = 2048, 4352                          # B >= gemv_cuda.V3_MIN_OUT: v3 runs at N >= 2
+A, B = 2048, 4352                          # B >= gemv_cuda.V3_MIN_OUT: v3 runs at N >= 4
 DIMS = [A, B, A, A, B, B, A, B, A, A, B, A, B, B, A, B, A]   # layer i: DIMS[i] -> DIMS[i + 1]
 DECOY_LAYER = 5
 

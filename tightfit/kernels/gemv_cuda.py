@@ -51,8 +51,8 @@ KERNS = ("auto", "v2", "v2h", "v3", "v4", "v5", "v5s")
 # 17408->5120 from 57 to 62 %, the other formats within +-2 %; tf_gemv4 lifts IQ4_XS further to
 # 57/58 % but slows Q5_K to 55/57 %, so v4 runs it for IQ4_XS only (V4_FORMATS); at N = 8, v3 lifts
 # every format on the wide shapes by 20-40 % (Q8_0 31/27 -> 40/38 %) but loses on 5120->1024
-# (Q8_0 14 -> 11 %). "auto" takes each winner: v4 at NC = 1, v3 at NC >= 2 on matrices with
-# >= V3_MIN_OUT rows, the v2 bodies (v4's module) otherwise.
+# (Q8_0 14 -> 11 %). "auto" takes each winner: v4 at NC = 1, v3 at NC >= AUTO_V3_MIN_NC on
+# matrices with >= V3_MIN_OUT rows, the v2 bodies (v4's module) otherwise.
 DEFAULT_KERN = "auto"
 V4_FORMATS = ("F_IQ4_XS",)
 # Session 5 call 1 (bench/RESULTS.md): at N = 1 tf_gemv5 took Q6_K from 56/47 % to 60/57 % of the
@@ -60,6 +60,14 @@ V4_FORMATS = ("F_IQ4_XS",)
 # v4 (and with it "auto") runs tf_gemv5 for Q6_K only.
 V4_V5_FORMATS = ("F_Q6_K",)
 V3_MIN_OUT = 4096
+# Session 15 call 2 (bench/RESULTS.md): at NC = 2 and 3 the v2 bodies (v4's module: tf_gemv2, the
+# two-phase formats at U = 4 for NC <= 2) beat tf_gemv3 on every wide shape of the 27B, e.g. at
+# NC = 2 Q6_K 17408->5120 36.6 against 58.5 us, IQ4_XS 5120->17408 24.8 against 30.7; at NC = 3
+# IQ4_XS 29.6 against 35.3 (v3 kept 3-12 % on 5120->6144); at NC = 5 v3 wins (IQ4_XS 42.1 against
+# 42.8, Q6_K 17408->5120 60.8 against 81.2). NC = 4 was not measured and keeps v3. So "auto"
+# runs v3 from AUTO_V3_MIN_NC columns (it ran it from 2; TIGHTFIT_CU_AUTO_V3_MIN_NC=2 restores that
+# for A/B timing, read once at import).
+AUTO_V3_MIN_NC = max(2, int(os.environ.get("TIGHTFIT_CU_AUTO_V3_MIN_NC", "4")))
 # Opt-in (not yet measured): "v5" / "v5s" = "auto", except NC = 1 of V5_FORMATS runs tf_gemv5 /
 # tf_gemv5s (gemv_kernel.cuh: compute1 of F_Q5_K / F_Q6_K with tf_gemv2h's item-to-lane mapping,
 # compile-time item offsets; v5: U = 4, <= 80 registers; v5s: U = 2, <= 64 registers).
@@ -77,7 +85,8 @@ def _kern(config: dict | None = None) -> str:
         v2 format bodies); NC below that runs tf_gemv with the v2 bodies.
     v4: v2h, except NC = 1 of V4_FORMATS runs tf_gemv4 (fewer instructions per item: the
         format's single-column compute1, constant-offset item addressing).
-    auto: v4 at NC = 1 and on narrow matrices, v3 at NC >= 2 on wide ones (measured winners).
+    auto: v4 at NC < AUTO_V3_MIN_NC and on narrow matrices, v3 at NC >= AUTO_V3_MIN_NC on wide
+        ones (measured winners).
     v5 / v5s: auto, but NC = 1 of V5_FORMATS (Q5_K, Q6_K) runs tf_gemv5 / tf_gemv5s (opt-in A/B;
         their module holds v4's kernels for every other launch that auto gives v4)."""
     k = (config or {}).get("kern") or os.environ.get("TIGHTFIT_CU_GEMV") or DEFAULT_KERN
@@ -94,7 +103,7 @@ def concrete(kern: str, nc: int, n_out: int | None = None) -> str:
         return kern
     # v5 / v5s: their own module stands in for v4's (same kernels but NC = 1 of V5_FORMATS)
     alt = "v4" if kern == "auto" else kern
-    if nc == 1:
+    if nc < AUTO_V3_MIN_NC:
         return alt
     return "v3" if (n_out is None or n_out >= V3_MIN_OUT) else alt
 
