@@ -63,8 +63,9 @@ V3_MIN_OUT = 4096
 # Session 15 call 2 (bench/RESULTS.md): at NC = 2 and 3 the v2 bodies (v4's module: tf_gemv2, the
 # two-phase formats at U = 4 for NC <= 2) beat tf_gemv3 on every wide shape of the 27B, e.g. at
 # NC = 2 Q6_K 17408->5120 36.6 against 58.5 us, IQ4_XS 5120->17408 24.8 against 30.7; at NC = 3
-# IQ4_XS 29.6 against 35.3 (v3 kept 3-12 % on 5120->6144); at NC = 5 v3 wins (IQ4_XS 42.1 against
-# 42.8, Q6_K 17408->5120 60.8 against 81.2). NC = 4 was not measured and keeps v3. So "auto"
+# IQ4_XS 29.6 against 35.3 (v3 kept 3-14 % on 5120->6144); at NC = 5 v3 wins (IQ4_XS 42.1 against
+# 42.8, Q6_K 17408->5120 60.8 against 81.2); at NC = 4 they split by shape (call 4: the verify
+# block M = 4 13.43 / 13.41 ms either way), so NC = 4 keeps v3. So "auto"
 # runs v3 from AUTO_V3_MIN_NC columns (it ran it from 2; TIGHTFIT_CU_AUTO_V3_MIN_NC=2 restores that
 # for A/B timing, read once at import).
 AUTO_V3_MIN_NC = max(2, int(os.environ.get("TIGHTFIT_CU_AUTO_V3_MIN_NC", "4")))

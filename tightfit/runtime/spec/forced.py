@@ -9,7 +9,7 @@ that is (1 - r^5) / (1 - r) = 3.36 tokens per round in expectation.
 
 Drawing every token with an independent uniform made the measured rounds carry 3.11 tokens over
 512 tokens with numpy seed 0 (seeds 1-3 gave 3.28-3.48): ~160 rounds leave a standard error of
-~0.12 tokens per round, 4 % of the speedup, and the fixed seed made the same unlucky draw every
+~0.13 tokens per round, 4 % of the speedup, and the fixed seed made the same unlucky draw every
 run. Here one uniform per round picks L by the inverse of its distribution function, and the
 uniforms are a Weyl sequence (u_m = frac(u_0 + m * (sqrt(5) - 1) / 2)): the fraction of rounds
 with each L tracks its probability within O(log m / m) instead of O(1 / sqrt(m)), so a benchmark's
