@@ -602,8 +602,9 @@ def host_frag(qtype: int, blk: np.ndarray, xb: np.ndarray, t: int, j: int
 
 # ---------------------------------------------------------------- offline compile report (nvcc)
 def compile_report(arch: str = "sm_90", nvcc: str | None = None) -> list[dict]:
-    """nvcc -cubin -Xptxas -v of every tf_mma<M, NT>: format, type, NT, registers, spill stores /
-    loads (bytes), static shared memory (bytes)."""
+    """nvcc -cubin -Xptxas -v of every tf_mma<M, NT> (the runtime's NVRTC options, so the A/B
+    switches apply): format, type, NT, registers, spill stores / loads (bytes), static shared
+    memory (bytes)."""
     nvcc = nvcc or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     src = source() + "\n"
     for t, name in sorted(_formats().items()):
@@ -620,7 +621,7 @@ def compile_report(arch: str = "sm_90", nvcc: str | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory() as td:
         cu = os.path.join(td, "tf_mma.cu")
         Path(cu).write_text(src)
-        r = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v", cu,
+        r = subprocess.run([nvcc, *_options(), f"-arch={arch}", "-cubin", "-Xptxas", "-v", cu,
                             "-o", os.path.join(td, "tf_mma.cubin")], capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"nvcc failed:\n{r.stderr[-6000:]}")
