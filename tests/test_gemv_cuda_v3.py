@@ -160,6 +160,11 @@ def test_auto_takes_the_measured_winners():
     assert gc.concrete("auto", 1, 17408) == "v4"
     assert gc.concrete("auto", 8, 17408) == "v3" and gc.concrete("auto", 4, 5120) == "v3"
     assert gc.concrete("auto", 2, 17408) == "v4" and gc.concrete("auto", 3, 5120) == "v4"
+    # the 2-3-bit formats keep the v2 bodies through NC = 5 (session 15 call 5)
+    for t in (11, 17, 18, 21, 22):                  # Q3_K IQ2_XS IQ3_XXS IQ3_S IQ2_S
+        assert gc.concrete("auto", 5, 17408, t) == "v4" and gc.concrete("auto", 6, 17408, t) == "v3"
+    for t in (12, 13, 14, 23, 8):                   # Q4_K Q5_K Q6_K IQ4_XS Q8_0
+        assert gc.concrete("auto", 4, 17408, t) == "v3" and gc.concrete("auto", 3, 17408, t) == "v4"
     assert gc.concrete("auto", 8, 1024) == "v4"
     assert gc.concrete("v2h", 8, 17408) == "v2h"
     assert gc.module_kerns("auto") == ("v4", "v3") and gc.module_kerns("v3") == ("v3",)

@@ -51,8 +51,8 @@ KERNS = ("auto", "v2", "v2h", "v3", "v4", "v5", "v5s")
 # 17408->5120 from 57 to 62 %, the other formats within +-2 %; tf_gemv4 lifts IQ4_XS further to
 # 57/58 % but slows Q5_K to 55/57 %, so v4 runs it for IQ4_XS only (V4_FORMATS); at N = 8, v3 lifts
 # every format on the wide shapes by 20-40 % (Q8_0 31/27 -> 40/38 %) but loses on 5120->1024
-# (Q8_0 14 -> 11 %). "auto" takes each winner: v4 at NC = 1, v3 at NC >= AUTO_V3_MIN_NC on
-# matrices with >= V3_MIN_OUT rows, the v2 bodies (v4's module) otherwise.
+# (Q8_0 14 -> 11 %). "auto" takes each winner: v4 at NC = 1, v3 from auto_v3_min_nc(type) columns
+# on matrices with >= V3_MIN_OUT rows, the v2 bodies (v4's module) otherwise.
 DEFAULT_KERN = "auto"
 V4_FORMATS = ("F_IQ4_XS",)
 # Session 5 call 1 (bench/RESULTS.md): at N = 1 tf_gemv5 took Q6_K from 56/47 % to 60/57 % of the
@@ -66,9 +66,22 @@ V3_MIN_OUT = 4096
 # IQ4_XS 29.6 against 35.3 (v3 kept 3-14 % on 5120->6144); at NC = 5 v3 wins (IQ4_XS 42.1 against
 # 42.8, Q6_K 17408->5120 60.8 against 81.2); at NC = 4 they split by shape (call 4: the verify
 # block M = 4 13.43 / 13.41 ms either way), so NC = 4 keeps v3. So "auto"
-# runs v3 from AUTO_V3_MIN_NC columns (it ran it from 2; TIGHTFIT_CU_AUTO_V3_MIN_NC=2 restores that
-# for A/B timing, read once at import).
-AUTO_V3_MIN_NC = max(2, int(os.environ.get("TIGHTFIT_CU_AUTO_V3_MIN_NC", "4")))
+# runs v3 from AUTO_V3_MIN_NC columns (it ran it from 2). The 2-3-bit formats of the seed mix keep
+# the v2 bodies through NC = 5 (call 5: at NC = 5 IQ2_S 17408->5120 47.7 against 66.7 us, 5120->17408
+# 46.3 / 56.4, IQ2_XS 46.3 / 66.0, Q3_K 60.2 / 65.3, IQ3_XXS 55.1 / 58.2, IQ3_S 54.8 / 61.2; at
+# NC = 8 v3 is ahead on the 2-bit ones; NC = 6, 7 not measured). TIGHTFIT_CU_AUTO_V3_MIN_NC=N sets
+# one threshold for every type (2: the old rule), for A/B timing; read once at import.
+AUTO_V3_MIN_NC = 4
+AUTO_V3_MIN_NC_BY_TYPE = {11: 6, 17: 6, 18: 6, 21: 6, 22: 6}   # Q3_K IQ2_XS IQ3_XXS IQ3_S IQ2_S
+_AUTO_V3_ENV = os.environ.get("TIGHTFIT_CU_AUTO_V3_MIN_NC", "").strip()
+
+
+def auto_v3_min_nc(qtype: int | None = None) -> int:
+    """Columns from which "auto" runs tf_gemv3 on wide matrices of GGML type `qtype`."""
+    if _AUTO_V3_ENV:
+        return max(2, int(_AUTO_V3_ENV))
+    return AUTO_V3_MIN_NC_BY_TYPE.get(int(qtype), AUTO_V3_MIN_NC) if qtype is not None \
+        else AUTO_V3_MIN_NC
 # Opt-in (not yet measured): "v5" / "v5s" = "auto", except NC = 1 of V5_FORMATS runs tf_gemv5 /
 # tf_gemv5s (gemv_kernel.cuh: compute1 of F_Q5_K / F_Q6_K with tf_gemv2h's item-to-lane mapping,
 # compile-time item offsets; v5: U = 4, <= 80 registers; v5s: U = 2, <= 64 registers).
@@ -86,7 +99,7 @@ def _kern(config: dict | None = None) -> str:
         v2 format bodies); NC below that runs tf_gemv with the v2 bodies.
     v4: v2h, except NC = 1 of V4_FORMATS runs tf_gemv4 (fewer instructions per item: the
         format's single-column compute1, constant-offset item addressing).
-    auto: v4 at NC < AUTO_V3_MIN_NC and on narrow matrices, v3 at NC >= AUTO_V3_MIN_NC on wide
+    auto: v4 below auto_v3_min_nc(type) columns and on narrow matrices, v3 from there on wide
         ones (measured winners).
     v5 / v5s: auto, but NC = 1 of V5_FORMATS (Q5_K, Q6_K) runs tf_gemv5 / tf_gemv5s (opt-in A/B;
         their module holds v4's kernels for every other launch that auto gives v4)."""
@@ -97,14 +110,15 @@ def _kern(config: dict | None = None) -> str:
     return k
 
 
-def concrete(kern: str, nc: int, n_out: int | None = None) -> str:
+def concrete(kern: str, nc: int, n_out: int | None = None, qtype: int | None = None) -> str:
     """The variant that runs an NC-column launch: `kern` itself unless it is "auto" (see KERNS).
-    n_out None (no shape known: compile-time) counts as a large matrix."""
+    n_out None (no shape known: compile-time) counts as a large matrix; qtype None takes the
+    default column threshold (auto_v3_min_nc)."""
     if kern not in ("auto",) + tuple(V5_KERNS):
         return kern
     # v5 / v5s: their own module stands in for v4's (same kernels but NC = 1 of V5_FORMATS)
     alt = "v4" if kern == "auto" else kern
-    if nc < AUTO_V3_MIN_NC:
+    if nc < auto_v3_min_nc(qtype):
         return alt
     return "v3" if (n_out is None or n_out >= V3_MIN_OUT) else alt
 
@@ -370,7 +384,7 @@ def gemv_cuda(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tenso
             raise ValueError(f"CUDA GEMV: wpr {wpr} not in 1, 2, 4, 8")
         launches = []
         for c0, nc in _chunks(n):
-            ck = concrete(kern, nc, int(n_out))
+            ck = concrete(kern, nc, int(n_out), qtype)
             mods = _module(qtype, dev.index, ck, pf)
             if _v3(ck, nc):
                 kc, rpw = v3_geom(nc)
@@ -456,4 +470,5 @@ def compile_report(arch: str = "sm_90", nvcc: str | None = None,
 
 
 __all__ = ["available", "supported", "gemv_cuda", "prepare", "pick_wpr", "compile_report",
-           "NCS", "source_hash", "KERNS", "concrete", "module_kerns", "v3_geom", "v3_smem", "pick_wpr_v3"]
+           "NCS", "source_hash", "KERNS", "concrete", "auto_v3_min_nc", "module_kerns", "v3_geom",
+           "v3_smem", "pick_wpr_v3"]
