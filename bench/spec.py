@@ -69,7 +69,7 @@ import torch  # noqa: E402
 
 from tightfit.runtime.sampler import GREEDY  # noqa: E402
 from tightfit.runtime.spec import SpecConfig, SpeculativeEngine, SuffixCache  # noqa: E402
-from tightfit.runtime.spec.forced import expected_tokens  # noqa: E402
+from tightfit.runtime.spec.policy import expected_tokens  # noqa: E402
 
 SEED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "seeds")
 
@@ -119,11 +119,6 @@ def agent_turn1() -> str:
 AGENT_TURN2 = ("<|im_end|>\n<|im_start|>user\nThe tests still import NGramDrafter. Add "
                "`NGramDrafter = NGramProposer` at the end and give me the whole file again."
                "<|im_end|>\n<|im_start|>assistant\n```python\n")
-
-
-def expected_per_round(r: float, k: int) -> float:
-    """Tokens per verify forward with i.i.d. acceptance r of k drafted tokens (+1 target token)."""
-    return expected_tokens(r, k)
 
 
 def prompts(engine, n_ctx: int) -> dict[str, list[int]]:
@@ -356,7 +351,7 @@ def main() -> int:
                       drafted=d["draft_rounds"] / rounds, probes=se.policy.probes,
                       # the first token comes from the prefill, before any round
                       tokens_per_round=(len(last.tokens) - 1) / rounds,
-                      expected_tokens_per_round=expected_per_round(r, k) if label == "fixed" else None,
+                      expected_tokens_per_round=expected_tokens(r, k) if label == "fixed" else None,
                       verify_ms_per_round=d["verify_ms"] / rounds,
                       plain_ms_per_token=1000.0 / tps0 if tps0 else 0.0,
                       round_ms={kk: round(c.ms, 3) for kk, c in sorted(se.policy.round_ms.items())},

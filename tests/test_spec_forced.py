@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from tightfit.runtime.spec.forced import ForcedAcceptance, expected_tokens
+from tightfit.runtime.spec.forced import ForcedAcceptance
+from tightfit.runtime.spec.policy import expected_tokens
 
 
 def _iid_lengths(r: float, n: int, rounds: int, seed: int) -> np.ndarray:
