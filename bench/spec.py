@@ -417,7 +417,7 @@ def main() -> int:
             what = f"k={r['k']} r={r['rate']}" + (f"#{r['rep']}" if r["policy"] == "adaptive" else "")
         else:
             mode, what = r["mode"], f"{r['prompt']}#{r['rep']}"
-        tpr = r.get("tokens_per_round", r["n"] / max(1, r["rounds"]) if "n" in r else 0.0)
+        tpr = r.get("tokens_per_round", (r["n"] - 1) / max(1, r["rounds"]) if "n" in r else 0.0)
         exp = r.get("expected_tokens_per_round")
         print(f"{mode:16} {what:16} {r['plain_tps']:9.1f} {r['spec_tps']:9.1f} {r['speedup']:5.2f} "
               f"{r['acc']:5.2f} {tpr:7.2f} {f'{exp:5.2f}' if exp is not None else '    -'} "
