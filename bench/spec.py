@@ -252,6 +252,9 @@ def main() -> int:
                     help="a new state per run (graph captures inside the timing) instead of one "
                          "reused state, as a Session keeps")
     ap.add_argument("--drafters", default=None, help="real mode (default ngram,suffix[,mtp])")
+    ap.add_argument("--forced-drafter", default="synthetic", choices=("synthetic", "mtp"),
+                    help="forced mode's drafter: synthetic (no cost) or mtp (needs --mtp or a model "
+                         "with an MTP block: the head's real drafting cost)")
     ap.add_argument("--max-draft", type=int, default=8)
     ap.add_argument("--mtp-draft", type=int, default=3)
     ap.add_argument("--verifier", default="auto")
@@ -278,8 +281,11 @@ def main() -> int:
     has_mtp = bool(engine.config.nextn_layers)
     drafters = tuple(x for x in (a.drafters or ("ngram,suffix,mtp" if has_mtp else "ngram,suffix"))
                      .split(",") if x)
+    if a.forced_drafter == "mtp" and not has_mtp:
+        print("--forced-drafter mtp: the model has no MTP block (generate it with --mtp)")
+        return 2
     mtp_head = None
-    if "mtp" in drafters and has_mtp and dev != "cpu":
+    if ("mtp" in drafters or a.forced_drafter == "mtp") and has_mtp and dev != "cpu":
         from tightfit.runtime.spec.mtp import MTPHead
         mtp_head = MTPHead.from_model_file(engine.file, device=dev)
 
@@ -331,12 +337,15 @@ def main() -> int:
 
     def forced(k: int, r: float, label: str) -> None:
         """The rows of one forced-acceptance setting (skipped past the budget)."""
-        cfg = SpecConfig(drafters=("synthetic",), max_draft=k, adaptive=label == "adaptive",
-                         verifier=a.verifier, force_accept=r)
-        se = SpeculativeEngine(engine, cfg)
+        # the drafter whose tokens are forced: "synthetic" (free), or "mtp" (the model's MTP head
+        # drafts k tokens, its real cost per round; --mtp)
+        cfg = SpecConfig(drafters=(a.forced_drafter,), max_draft=k, mtp_draft=k,
+                         adaptive=label == "adaptive", verifier=a.verifier, force_accept=r)
+        mh = mtp_head if a.forced_drafter == "mtp" else None
+        se = SpeculativeEngine(engine, cfg, mtp_head=mh)
         # untimed: the verify graphs of the block sizes this run uses (warm_blocks' captures did not
         # always serve the runs: call 4 timed ~0.3 s of captures inside a 1.6 s forced run)
-        run_one(SpeculativeEngine(engine, cfg).generate, P["prose"], 48, dev, st)
+        run_one(SpeculativeEngine(engine, cfg, mtp_head=mh).generate, P["prose"], 48, dev, st)
         for rep in range(2 if label == "adaptive" else 1):
             if over_budget(f"forced k={k} r={r} {label}#{rep}"):
                 return
@@ -344,7 +353,7 @@ def main() -> int:
             last, tps = run_one(se.generate, P["prose"], a.max_tokens, dev, st)
             d = last.timings.as_dict()
             rounds = max(1, d["spec_rounds"])
-            emit(dict(mode="forced", policy=label, rep=rep, k=k, rate=r,
+            emit(dict(mode="forced", policy=label, rep=rep, k=k, rate=r, drafter=a.forced_drafter,
                       verifier=type(se.verifier).__name__,
                       plain_tps=tps0, spec_tps=tps, speedup=tps / tps0 if tps0 else 0,
                       acc=d["draft_acceptance"], rounds=d["spec_rounds"],
