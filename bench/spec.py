@@ -287,7 +287,8 @@ def main() -> int:
     mtp_head = None
     if ("mtp" in drafters or a.forced_drafter == "mtp") and has_mtp and dev != "cpu":
         from tightfit.runtime.spec.mtp import MTPHead
-        mtp_head = MTPHead.from_model_file(engine.file, device=dev)
+        mtp_head = MTPHead.on_gpu_model(engine.model, engine.file)
+        print(f"MTP head: {mtp_head.device_bytes / 2**20:.0f} MiB on the device", flush=True)
 
     rows = []
     outf = open(os.path.join(a.out, "spec.jsonl"), "w") if a.out else None

@@ -119,8 +119,7 @@ class SpeculativeEngine:
             if isinstance(self.verifier, NativeVerifier):
                 self.mtp_head = MTPHead.for_reference(engine.model, engine.file)
             elif isinstance(self.verifier, BlockVerifier):
-                self.mtp_head = MTPHead.from_model_file(engine.file,
-                                                        device=getattr(engine.model, "device", "cpu"))
+                self.mtp_head = MTPHead.on_gpu_model(engine.model, engine.file)
 
     def __getattr__(self, name: str) -> Any:      # everything not speculative: the engine's
         return getattr(self.engine, name)

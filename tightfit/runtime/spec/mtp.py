@@ -17,7 +17,9 @@ queued (`observe`) and processed lazily in one batch when the head is next asked
 idle MTP costs nothing while another drafter is chosen.
 
 Embedding and LM head come from the target (the ReferenceModel's `_embed`/`_lin`, no second copy)
-or from callables (`embed_fn`, `head_fn`) for other executors.
+or from callables (`embed_fn`, `head_fn`) for other executors; on the GPU executor
+(`MTPHead.on_gpu_model`) the block's matrices stay raw GGUF bytes computed by the CUDA GEMV and the
+LM head is the executor's own.
 """
 from __future__ import annotations
 
@@ -31,6 +33,35 @@ import torch.nn.functional as F
 from tightfit.errors import UserError
 from tightfit.runtime.sampler import SamplingParams, filtered_distribution
 from tightfit.runtime.spec.ngram import Draft
+
+
+# free device memory MTPHead.on_gpu_model leaves untouched (the decode loop's own transient
+# allocations: the block's activations, logits copies)
+MTP_RESERVE = 256 << 20
+
+
+def quant_linear(L: Any, x: torch.Tensor) -> torch.Tensor:
+    """x [n, n_in] . W^T for an executor Linear (raw GGUF bytes on the device): the CUDA GEMV in
+    blocks of <= 16 rows where it serves the type, else the Linear's own reference (CPU, float
+    weights, types without a CUDA kernel)."""
+    x = x.to(torch.float32).contiguous()
+    if x.is_cuda:
+        from tightfit.kernels.gemv_route import gemv_cuda_direct
+        outs = []
+        for i in range(0, x.shape[0], 16):
+            y = gemv_cuda_direct(x[i:i + 16], L.raw, L.qtype, L.n_out)
+            if y is None:
+                break
+            outs.append(y)
+        else:
+            return outs[0] if len(outs) == 1 else torch.cat(outs)
+    from tightfit.model.executor import FLOAT_QTYPES
+    out = torch.empty((x.shape[0], L.n_out), dtype=torch.float32, device=x.device)
+    if L.qtype in FLOAT_QTYPES:
+        out.copy_(F.linear(x, L.raw.view(FLOAT_QTYPES[L.qtype]).view(L.n_out, L.n_in).float()))
+    else:                                   # dequantized per call (CPU; no CUDA kernel)
+        L.ref(x, out)
+    return out
 
 
 def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -48,6 +79,8 @@ class MTPHead:
         self.p = f"blk.{self.il}."
         self.w = weights
         self.embed_fn, self.head_fn = embed_fn, head_fn
+        self.lins: dict[str, Any] = {}      # on_gpu_model: matrices kept as raw GGUF bytes
+        self.device_bytes = 0               # what the head added on the device (on_gpu_model)
         self.device = torch.device(device)
         self.dtype = dtype
         from tightfit.model.reference import imrope_pair_uses_position
@@ -80,26 +113,60 @@ class MTPHead:
                    head_fn=lambda h: model._lin(h, model._head), device="cpu", dtype=model.dtype)
 
     @classmethod
-    def from_model_file(cls, mf: Any, device="cuda", dtype: torch.dtype = torch.float32,
-                        head_dtype: torch.dtype = torch.bfloat16) -> "MTPHead":
-        """Standalone head on `device` (for executors that do not expose embed/head): the
-        embedding rows are dequantized per call on the host, output.weight once onto the device."""
+    def on_gpu_model(cls, model: Any, mf: Any) -> "MTPHead":
+        """Head for a GPU-resident tightfit.model.executor.GPUModel: the MTP block's matrices as
+        raw GGUF bytes on the model's device, computed by the CUDA GEMV (executor Linears: no
+        dequantized copy), the model's own LM head (no second copy), embedding rows dequantized on
+        the host per call. What it adds on the device is `device_bytes` (the block's GGUF bytes
+        and its fp32 norm vectors), checked against the free memory before anything is uploaded.
+        A placed model (rows of its head or layers on the host) is refused: its head cannot run
+        from the device alone."""
+        from tightfit.model.executor import Linear
         from tightfit.model.weights import dequantize_rows, dequantize_tensor
+        c = mf.config
+        if getattr(model, "placed", None) is not None or getattr(model, "hostw", None):
+            raise UserError("the MTP drafter needs the whole model on the GPU; this plan keeps rows "
+                            "on the host (drop 'mtp' from --spec, or give the model more VRAM)")
+        head = model.lin.get("output.weight")
+        if head is None:
+            raise UserError("the MTP drafter needs the model's output head on the GPU")
         tensors = getattr(mf, "gguf", mf).tensors
-        w = cls.load_weights(mf, device, dtype)
+        names = []
+        for name in c.block_tensor_shapes(c.n_layer):
+            if name not in tensors:
+                if name.endswith("shared_head_norm.weight"):
+                    continue          # optional: output_norm is used instead
+                raise UserError(f"model file lacks MTP tensor {name}")
+            names.append(name)
+        mats = [n for n in names if len(tensors[n].numpy_shape) == 2]
+        vecs = [n for n in names if n not in mats] + ["output_norm.weight"]
+        need = sum(int(tensors[n].nbytes) for n in mats) + \
+            4 * sum(int(np.prod(tensors[n].numpy_shape)) for n in vecs)
+        device = model.device
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            if need + MTP_RESERVE > free:
+                raise UserError(f"the MTP drafter needs {need / 2**20:.0f} MiB on the GPU for its "
+                                f"block and {free / 2**20:.0f} MiB are free (keeping "
+                                f"{MTP_RESERVE / 2**20:.0f} MiB in reserve): drop 'mtp' from --spec")
+        w = {n: dequantize_tensor(tensors[n], torch.float32).to(device) for n in vecs}
+        lins = {n: Linear(n, tensors[n], device, model.use_triton) for n in mats}
         emb = tensors["token_embd.weight"]
-        head_info = tensors.get("output.weight", emb)
-        head = dequantize_tensor(head_info, head_dtype).to(device)
 
         def embed_fn(ids: torch.Tensor) -> torch.Tensor:
-            return dequantize_rows(emb, ids.cpu().numpy(), dtype).to(device)
+            return dequantize_rows(emb, ids.cpu().numpy(), torch.float32).to(device)
 
-        def head_fn(h: torch.Tensor) -> torch.Tensor:
-            return F.linear(h.to(head_dtype), head).to(dtype)
-        return cls(mf.config, w, embed_fn, head_fn, device=device, dtype=dtype)
+        obj = cls(c, w, embed_fn, lambda h: quant_linear(head, h), device=device,
+                  dtype=torch.float32)
+        obj.lins = lins
+        obj.device_bytes = need
+        return obj
 
     # ---- pieces ------------------------------------------------------------------------------
     def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        L = self.lins.get(name)
+        if L is not None:
+            return quant_linear(L, x).to(self.dtype)
         return F.linear(x, self.w[name].to(self.dtype))
 
     def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
