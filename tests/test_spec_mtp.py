@@ -230,8 +230,8 @@ def test_mtp_context_truncate_and_snapshot(engine):
 
 @pytest.fixture(scope="module")
 def gpu_engine(mtp_path):
-    """The same MTP model on the GPU executor (on the CPU here: its Linears keep raw GGUF bytes
-    and compute through their reference; on a CUDA device through the CUDA GEMV)."""
+    """The same MTP model on the GPU executor, run on the CPU (the tiny model's 64-wide rows have
+    no CUDA GEMV; the 27B's head is measured on the device by bench/spec.py --forced-drafter mtp)."""
     from tightfit.api import open_model
     from tightfit.model.executor import GPUModel
     from tightfit.runtime.engine import Engine
@@ -239,35 +239,31 @@ def gpu_engine(mtp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     mf = open_model(str(mtp_path))
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    exe = GPUModel.from_model_file(mf, device=dev, n_ctx=N_CTX, use_triton=dev == "cuda")
+    exe = GPUModel.from_model_file(mf, device="cpu", n_ctx=N_CTX, use_triton=False)
     yield Engine(mf, exe, from_gguf(mf.gguf.metadata), n_ctx=N_CTX)
     torch.set_num_threads(threads)
     mf.close()
 
 
 def test_gpu_model_head_matches_independent_numpy(gpu_engine, mtp_path):
-    """MTPHead.on_gpu_model (the block's matrices as raw GGUF bytes, the executor's LM head) against
-    the float64 NumPy graph: within the int8-activation GEMV's error on a CUDA device, float
-    rounding on the CPU."""
+    """MTPHead.on_gpu_model (the executor's LM head, the block in bf16) against the float64 NumPy
+    graph, within bf16 weight rounding; nothing but the block and its vectors is added."""
     from tightfit.runtime.spec.mtp import MTPHead
     cfg = gpu_engine.config
+    shapes = cfg.block_tensor_shapes(cfg.n_layer)
     head = MTPHead.on_gpu_model(gpu_engine.model, gpu_engine.file)
-    mats = [n for n in cfg.block_tensor_shapes(cfg.n_layer) if n.endswith(".weight")
-            and len(cfg.block_tensor_shapes(cfg.n_layer)[n]) == 2]
-    assert set(head.lins) == set(mats)                   # every matrix stays quantized
-    assert not any(n in head.w for n in mats)            # and no dequantized copy of it exists
-    assert head.device_bytes == sum(int(gpu_engine.file.gguf.tensors[n].nbytes) for n in mats) + \
-        4 * sum(int(v.numel()) for v in head.w.values())
+    mats = [n for n in shapes if len(shapes[n]) == 2]
+    assert all(head.w[n].dtype == torch.bfloat16 for n in mats)
+    assert "output.weight" not in head.w and "token_embd.weight" not in head.w   # no head copy
+    assert head.device_bytes == sum(v.numel() * v.element_size() for v in head.w.values())
     g = np.random.default_rng(1)
     n = 5
     h = g.normal(size=(n, cfg.n_embd))
     toks = g.integers(0, cfg.n_vocab, n).tolist()
     want = _np_mtp(_gguf_tensors(mtp_path), cfg, h, toks)
     got, _ = head.forward(torch.tensor(h, dtype=torch.float32), toks, head.new_cache(), 0)
-    got = got.cpu().numpy()
-    tol = 3e-2 if head.device.type == "cuda" else 1e-3
-    assert np.abs(got - want).max() < tol * want.std()
+    err = np.abs(got.cpu().numpy() - want).max() / want.std()
+    assert err < 3e-2, err
 
 
 def test_gpu_model_head_refuses_a_placed_model(gpu_engine):
@@ -288,7 +284,7 @@ def test_greedy_with_mtp_on_the_gpu_executor_identical_to_plain(gpu_engine):
     from tightfit.runtime.spec.verify import BlockVerifier
     se = SpeculativeEngine(gpu_engine, SpecConfig(drafters=("mtp",), mtp_draft=3))
     assert isinstance(se.verifier, BlockVerifier) and se.mtp_head is not None
-    assert se.mtp_head.lins
+    assert se.mtp_head.device_bytes > 0
     p = [3, 1, 4, 1, 5, 9, 2, 6]
     a = list(gpu_engine.generate(p, max_tokens=60, sampling=GREEDY))[-1]
     b = list(se.generate(p, max_tokens=60, sampling=GREEDY))[-1]

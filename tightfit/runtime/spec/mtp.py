@@ -18,8 +18,8 @@ idle MTP costs nothing while another drafter is chosen.
 
 Embedding and LM head come from the target (the ReferenceModel's `_embed`/`_lin`, no second copy)
 or from callables (`embed_fn`, `head_fn`) for other executors; on the GPU executor
-(`MTPHead.on_gpu_model`) the block's matrices stay raw GGUF bytes computed by the CUDA GEMV and the
-LM head is the executor's own.
+(`MTPHead.on_gpu_model`) the LM head is the executor's own (raw GGUF bytes, CUDA GEMV) and the
+block, which the executor does not load, is dequantized once to bf16.
 """
 from __future__ import annotations
 
@@ -79,7 +79,6 @@ class MTPHead:
         self.p = f"blk.{self.il}."
         self.w = weights
         self.embed_fn, self.head_fn = embed_fn, head_fn
-        self.lins: dict[str, Any] = {}      # on_gpu_model: matrices kept as raw GGUF bytes
         self.device_bytes = 0               # what the head added on the device (on_gpu_model)
         self.device = torch.device(device)
         self.dtype = dtype
@@ -113,15 +112,17 @@ class MTPHead:
                    head_fn=lambda h: model._lin(h, model._head), device="cpu", dtype=model.dtype)
 
     @classmethod
-    def on_gpu_model(cls, model: Any, mf: Any) -> "MTPHead":
-        """Head for a GPU-resident tightfit.model.executor.GPUModel: the MTP block's matrices as
-        raw GGUF bytes on the model's device, computed by the CUDA GEMV (executor Linears: no
-        dequantized copy), the model's own LM head (no second copy), embedding rows dequantized on
-        the host per call. What it adds on the device is `device_bytes` (the block's GGUF bytes
-        and its fp32 norm vectors), checked against the free memory before anything is uploaded.
+    def on_gpu_model(cls, model: Any, mf: Any, block_dtype: torch.dtype = torch.bfloat16) -> "MTPHead":
+        """Head for a GPU-resident tightfit.model.executor.GPUModel: the executor's own LM head
+        (raw GGUF bytes, its CUDA GEMV: no second copy), the MTP block's matrices (which the
+        executor does not load) dequantized once to `block_dtype` on the model's device, embedding
+        rows dequantized on the host per call. What it adds on the device is `device_bytes`,
+        checked against the free memory before anything is uploaded. Why not the block as raw
+        GGUF bytes through the CUDA GEMV too: eager, each of its ~50 GEMV calls per round paid a
+        quantize launch and a GEMV launch from Python, and a forced 80 % round with 4 MTP tokens
+        cost 4.9 plain steps against 3.7 with dequantized weights (session 15, bench/NOTES.md).
         A placed model (rows of its head or layers on the host) is refused: its head cannot run
         from the device alone."""
-        from tightfit.model.executor import Linear
         from tightfit.model.weights import dequantize_rows, dequantize_tensor
         c = mf.config
         if getattr(model, "placed", None) is not None or getattr(model, "hostw", None):
@@ -138,10 +139,10 @@ class MTPHead:
                     continue          # optional: output_norm is used instead
                 raise UserError(f"model file lacks MTP tensor {name}")
             names.append(name)
-        mats = [n for n in names if len(tensors[n].numpy_shape) == 2]
-        vecs = [n for n in names if n not in mats] + ["output_norm.weight"]
-        need = sum(int(tensors[n].nbytes) for n in mats) + \
-            4 * sum(int(np.prod(tensors[n].numpy_shape)) for n in vecs)
+        names.append("output_norm.weight")
+        mats = {n for n in names if len(tensors[n].numpy_shape) == 2}
+        elt = torch.tensor([], dtype=block_dtype).element_size()
+        need = sum(int(np.prod(tensors[n].numpy_shape)) * (elt if n in mats else 4) for n in names)
         device = model.device
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
@@ -149,8 +150,8 @@ class MTPHead:
                 raise UserError(f"the MTP drafter needs {need / 2**20:.0f} MiB on the GPU for its "
                                 f"block and {free / 2**20:.0f} MiB are free (keeping "
                                 f"{MTP_RESERVE / 2**20:.0f} MiB in reserve): drop 'mtp' from --spec")
-        w = {n: dequantize_tensor(tensors[n], torch.float32).to(device) for n in vecs}
-        lins = {n: Linear(n, tensors[n], device, model.use_triton) for n in mats}
+        w = {n: dequantize_tensor(tensors[n], block_dtype if n in mats else torch.float32).to(device)
+             for n in names}
         emb = tensors["token_embd.weight"]
 
         def embed_fn(ids: torch.Tensor) -> torch.Tensor:
@@ -158,16 +159,15 @@ class MTPHead:
 
         obj = cls(c, w, embed_fn, lambda h: quant_linear(head, h), device=device,
                   dtype=torch.float32)
-        obj.lins = lins
         obj.device_bytes = need
         return obj
 
     # ---- pieces ------------------------------------------------------------------------------
     def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        L = self.lins.get(name)
-        if L is not None:
-            return quant_linear(L, x).to(self.dtype)
-        return F.linear(x, self.w[name].to(self.dtype))
+        W = self.w[name]
+        if W.dtype != self.dtype and W.is_cuda:     # on_gpu_model's bf16 block: compute in bf16
+            return F.linear(x.to(W.dtype), W).to(self.dtype)
+        return F.linear(x, W.to(self.dtype))
 
     def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         half = self.config.n_rot // 2
