@@ -290,3 +290,24 @@ def test_greedy_with_mtp_on_the_gpu_executor_identical_to_plain(gpu_engine):
     b = list(se.generate(p, max_tokens=60, sampling=GREEDY))[-1]
     assert b.tokens == a.tokens
     assert b.timings.as_dict()["drafters"]["mtp"]["draft_n"] > 0
+
+
+def test_an_mtp_head_that_cannot_be_built(gpu_engine, monkeypatch):
+    """Named by the user (--spec mtp): a clear error; only implied by the default drafter list: the
+    engine runs without it and says so."""
+    from tightfit.errors import UserError
+    from tightfit.runtime.spec import SpeculativeEngine, build_speculative
+    from tightfit.runtime.spec.mtp import MTPHead
+
+    def refuse(model, mf):
+        raise UserError("the MTP drafter needs 900 MiB on the GPU for its block and 12 MiB are free")
+    monkeypatch.setattr(MTPHead, "on_gpu_model", classmethod(lambda cls, m, f: refuse(m, f)))
+    with pytest.raises(UserError, match="MiB are free"):
+        build_speculative(gpu_engine, "mtp,ngram")
+    with pytest.warns(RuntimeWarning, match="without the MTP drafter"):
+        se = SpeculativeEngine(gpu_engine)
+    assert se.mtp_head is None
+    p = [3, 1, 4, 1, 5]
+    a = list(gpu_engine.generate(p, max_tokens=20, sampling=GREEDY))[-1]
+    b = list(se.generate(p, max_tokens=20, sampling=GREEDY))[-1]
+    assert b.tokens == a.tokens and "mtp" not in b.timings.as_dict()["drafters"]

@@ -103,10 +103,13 @@ class SpeculativeEngine:
     """An Engine whose `generate`/`chat` speculate. Policy statistics persist across requests."""
 
     def __init__(self, engine, config: SpecConfig | None = None, policy: Policy | None = None,
-                 mtp_head=None, extra_drafters: dict[str, Callable[[int], Any]] | None = None):
+                 mtp_head=None, extra_drafters: dict[str, Callable[[int], Any]] | None = None,
+                 mtp_required: bool = False):
         """`policy`: e.g. one with an injected clock (its `adaptive` is used, not the config's);
         `extra_drafters`: name -> factory(max_draft) of further cheap drafters (begin / extend /
-        propose, as NGramDrafter), built per request (tests, experiments)."""
+        propose, as NGramDrafter), built per request (tests, experiments); `mtp_required`: the
+        user named the MTP drafter (--spec mtp), so a head that cannot be built is an error;
+        otherwise (the default drafter list) it is left out with a warning."""
         self.engine = engine
         self.spec = config or SpecConfig()
         self.verifier = make_verifier(engine.model, self.spec.verifier)
@@ -119,7 +122,14 @@ class SpeculativeEngine:
             if isinstance(self.verifier, NativeVerifier):
                 self.mtp_head = MTPHead.for_reference(engine.model, engine.file)
             elif isinstance(self.verifier, BlockVerifier):
-                self.mtp_head = MTPHead.on_gpu_model(engine.model, engine.file)
+                try:
+                    self.mtp_head = MTPHead.on_gpu_model(engine.model, engine.file)
+                except UserError as e:
+                    if mtp_required:
+                        raise
+                    import warnings
+                    warnings.warn(f"speculative decoding without the MTP drafter: {e}",
+                                  RuntimeWarning, stacklevel=2)
 
     def __getattr__(self, name: str) -> Any:      # everything not speculative: the engine's
         return getattr(self.engine, name)
@@ -488,7 +498,7 @@ def build_speculative(engine, drafters: str | Sequence[str], max_draft: int = 8,
     cfg = SpecConfig(drafters=names, max_draft=int(max_draft), mtp_draft=min(int(mtp_draft), int(max_draft)),
                      suffix_cache=(suffix_cache if suffix_cache is not None else SuffixCache())
                      if "suffix" in names else None, **config)
-    return SpeculativeEngine(engine, cfg)
+    return SpeculativeEngine(engine, cfg, mtp_required="mtp" in names)
 
 
 def speculative_generate(engine, prompt, config: SpecConfig | None = None, **gen) -> Iterator[Event]:
