@@ -120,7 +120,8 @@ class MTPHead:
         checked against the free memory before anything is uploaded. Why not the block as raw
         GGUF bytes through the CUDA GEMV too: eager, each of its ~50 GEMV calls per round paid a
         quantize launch and a GEMV launch from Python, and a forced 80 % round with 4 MTP tokens
-        cost 4.9 plain steps against 3.7 with dequantized weights (session 15, bench/NOTES.md).
+        cost 4.9 plain steps against 3.7 with the earlier head's fp32 block (session 15,
+        bench/NOTES.md).
         A placed model (rows of its head or layers on the host) is refused: its head cannot run
         from the device alone."""
         from tightfit.model.weights import dequantize_rows, dequantize_tensor
