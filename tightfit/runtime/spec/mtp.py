@@ -40,30 +40,6 @@ from tightfit.runtime.spec.ngram import Draft
 MTP_RESERVE = 256 << 20
 
 
-def quant_linear(L: Any, x: torch.Tensor) -> torch.Tensor:
-    """x [n, n_in] . W^T for an executor Linear (raw GGUF bytes on the device): the CUDA GEMV in
-    blocks of <= 16 rows where it serves the type, else the Linear's own reference (CPU, float
-    weights, types without a CUDA kernel)."""
-    x = x.to(torch.float32).contiguous()
-    if x.is_cuda:
-        from tightfit.kernels.gemv_route import gemv_cuda_direct
-        outs = []
-        for i in range(0, x.shape[0], 16):
-            y = gemv_cuda_direct(x[i:i + 16], L.raw, L.qtype, L.n_out)
-            if y is None:
-                break
-            outs.append(y)
-        else:
-            return outs[0] if len(outs) == 1 else torch.cat(outs)
-    from tightfit.model.executor import FLOAT_QTYPES
-    out = torch.empty((x.shape[0], L.n_out), dtype=torch.float32, device=x.device)
-    if L.qtype in FLOAT_QTYPES:
-        out.copy_(F.linear(x, L.raw.view(FLOAT_QTYPES[L.qtype]).view(L.n_out, L.n_in).float()))
-    else:                                   # dequantized per call (CPU; no CUDA kernel)
-        L.ref(x, out)
-    return out
-
-
 def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     ms = x.to(torch.float64).pow(2).mean(-1, keepdim=True)
     return x * torch.rsqrt(ms + eps).to(x.dtype) * w.to(x.dtype)
@@ -158,8 +134,12 @@ class MTPHead:
         def embed_fn(ids: torch.Tensor) -> torch.Tensor:
             return dequantize_rows(emb, ids.cpu().numpy(), torch.float32).to(device)
 
-        obj = cls(c, w, embed_fn, lambda h: quant_linear(head, h), device=device,
-                  dtype=torch.float32)
+        lin_gpu = model.batcher().lin_gpu       # the verify block's dispatcher for the head
+
+        def head_fn(h: torch.Tensor) -> torch.Tensor:
+            return lin_gpu(h.to(torch.float32).contiguous(), head)
+
+        obj = cls(c, w, embed_fn, head_fn, device=device, dtype=torch.float32)
         obj.device_bytes = need
         return obj
 
