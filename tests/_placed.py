@@ -30,6 +30,26 @@ def split_plan(path, ctx: int, host_rows: Callable[[object], dict], **kw):
     return replace_host_rows(full, host_rows(inv), **kw)
 
 
+def ladder_rows(kinds: tuple[str, ...], layers: int = 4) -> Callable[[object], dict]:
+    """host_rows for split_plan: the `kinds` input matrices of every layer split at one or two
+    row quanta (alternating by layer), blk.1's ffn_down wholly on the host (a host point without a
+    GPU prefix), the head with half its quanta on the host."""
+    from tightfit.plan.rowsplit import SPLIT_ROW_QUANTUM as Q
+
+    def host_rows(inv) -> dict:
+        rows = {}
+        for il in range(layers):
+            for k in kinds:
+                t = inv.tensors.get(f"blk.{il}.{k}.weight")
+                if t is not None:
+                    rows[t.name] = Q * (1 + il % 2)
+        rows["blk.1.ffn_down.weight"] = inv.tensors["blk.1.ffn_down.weight"].n_rows
+        V = inv.tensors["output.weight"].n_rows
+        rows["output.weight"] = V - V // Q // 2 * Q
+        return rows
+    return host_rows
+
+
 def close(a, b, tol: float = 3e-4) -> None:
     a, b = np.asarray(a.detach().cpu(), np.float64), np.asarray(b.detach().cpu(), np.float64)
     err = np.abs(a - b).max()

@@ -24,8 +24,7 @@ from tightfit.kernels import cpu_gemv  # noqa: E402
 from tightfit.model import host_profile as HP  # noqa: E402
 from tightfit.model import placed as P  # noqa: E402
 from tightfit.model.generate import make_model  # noqa: E402
-from tightfit.plan.rowsplit import SPLIT_ROW_QUANTUM  # noqa: E402
-from _placed import split_plan  # noqa: E402
+from _placed import ladder_rows, split_plan  # noqa: E402
 
 CTX = 32
 
@@ -49,18 +48,8 @@ def model(request, tmp_path_factory):
 def _plan(path):
     """FFN splits (gate/up split, blk.1 down wholly on the host), an attention input matrix and
     the head split, the embedding on the host."""
-    def host_rows(inv) -> dict:
-        rows = {}
-        for il in range(4):
-            for k in ("ffn_gate", "ffn_up", "attn_qkv", "attn_q"):
-                t = inv.tensors.get(f"blk.{il}.{k}.weight")
-                if t is not None:
-                    rows[t.name] = SPLIT_ROW_QUANTUM * (1 + il % 2)
-        rows["blk.1.ffn_down.weight"] = inv.tensors["blk.1.ffn_down.weight"].n_rows
-        V = inv.tensors["output.weight"].n_rows
-        rows["output.weight"] = V - V // SPLIT_ROW_QUANTUM // 2 * SPLIT_ROW_QUANTUM
-        return rows
-    return split_plan(path, CTX, host_rows, host_embd=True)
+    return split_plan(path, CTX, ladder_rows(("ffn_gate", "ffn_up", "attn_qkv", "attn_q")),
+                      host_embd=True)
 
 
 def _exe(mf, plan):

@@ -24,12 +24,11 @@ if not torch.cuda.is_available():
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from _placed import close, small_q8, split_plan  # noqa: E402
+from _placed import close, ladder_rows, small_q8, split_plan  # noqa: E402
 
 from tightfit.model import segments as S  # noqa: E402
 from tightfit.plan.budget import PlanOptions, plan_model  # noqa: E402
 from tightfit.plan.placement import inventory_from_gguf  # noqa: E402
-from tightfit.plan.rowsplit import SPLIT_ROW_QUANTUM  # noqa: E402
 
 CTX = 32
 OPS = ("op_norm", "op_swiglu", "op_gnorm", "op_commit", "op_conv", "op_gdn", "op_qk", "op_attn")
@@ -43,18 +42,8 @@ def small(tmp_path_factory):
 def _plan(path, host_embd: bool = True):
     """Splits on every kind of input (attention/GDN input projections, FFN gate/up), blk.1's
     ffn_down wholly on the host (a host point without a GPU prefix), the head split."""
-    def host_rows(inv) -> dict:
-        rows = {}
-        for il in range(4):
-            for k in ("ffn_gate", "ffn_up", "attn_qkv", "attn_gate", "attn_q", "attn_v"):
-                t = inv.tensors.get(f"blk.{il}.{k}.weight")
-                if t is not None:
-                    rows[t.name] = SPLIT_ROW_QUANTUM * (1 + il % 2)
-        rows["blk.1.ffn_down.weight"] = inv.tensors["blk.1.ffn_down.weight"].n_rows
-        V = inv.tensors["output.weight"].n_rows
-        rows["output.weight"] = V - V // SPLIT_ROW_QUANTUM // 2 * SPLIT_ROW_QUANTUM
-        return rows
-    return split_plan(path, CTX, host_rows, host_embd=host_embd)
+    kinds = ("ffn_gate", "ffn_up", "attn_qkv", "attn_gate", "attn_q", "attn_v")
+    return split_plan(path, CTX, ladder_rows(kinds), host_embd=host_embd)
 
 
 # ---- CPU: a fake backend ---------------------------------------------------------------------
