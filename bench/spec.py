@@ -164,10 +164,12 @@ def first_diff(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def load(path: str, device: str, n_ctx: int, gpu_executor: bool = True, vram: str | None = None):
+def load(path: str, device: str, n_ctx: int, gpu_executor: bool = True, vram: str | None = None,
+         mtp: bool = False):
     """The engine of `path` on `device`; on the CPU with gpu_executor the GPU executor's torch
     fallbacks (GPUModel without Triton: the verify block's code path, as a smoke test). vram (e.g.
-    '8GiB'): placed under that budget, the rest of the rows on the host (issue 5's split)."""
+    '8GiB'): placed under that budget, the rest of the rows on the host (issue 5's split). mtp: the
+    executor holds the MTP block (raw GGUF bytes; the plan prices it when there is one)."""
     if device == "cpu" and gpu_executor:
         from tightfit.api import open_model
         from tightfit.model.executor import GPUModel
@@ -177,9 +179,10 @@ def load(path: str, device: str, n_ctx: int, gpu_executor: bool = True, vram: st
         return Engine(mf, GPUModel.from_model_file(mf, device="cpu", n_ctx=n_ctx, use_triton=False),
                       from_gguf(mf.gguf.metadata), n_ctx=n_ctx)
     from tightfit.runtime.loader import load_engine
+    kw = {"mtp": True} if mtp and os.environ.get("TIGHTFIT_MTP_HELD", "1") != "0" else {}
     if vram:
-        return load_engine(path, device=device, n_ctx=n_ctx, vram=vram)
-    return load_engine(path, device=device, n_ctx=n_ctx)
+        return load_engine(path, device=device, n_ctx=n_ctx, vram=vram, **kw)
+    return load_engine(path, device=device, n_ctx=n_ctx, **kw)
 
 
 def build_model(a) -> str:
@@ -274,7 +277,8 @@ def main() -> int:
     t_start = time.time()
 
     path = build_model(a)
-    engine = load(path, a.device, a.n_ctx, gpu_executor=a.gpu_executor, vram=a.vram)
+    engine = load(path, a.device, a.n_ctx, gpu_executor=a.gpu_executor, vram=a.vram,
+                  mtp=a.mtp or a.forced_drafter == "mtp")
     dev = a.device
     print(f"model {path} device {dev} executor {type(engine.model).__name__} "
           f"(load+generate {time.time() - t_start:.1f}s)", flush=True)
@@ -288,7 +292,9 @@ def main() -> int:
     if ("mtp" in drafters or a.forced_drafter == "mtp") and has_mtp and dev != "cpu":
         from tightfit.runtime.spec.mtp import MTPHead
         mtp_head = MTPHead.on_gpu_model(engine.model, engine.file)
-        print(f"MTP head: {mtp_head.device_bytes / 2**20:.0f} MiB on the device", flush=True)
+        print(f"MTP head: {mtp_head.device_bytes / 2**20:.0f} MiB added on the device, block held "
+              f"by the executor: {getattr(engine.model, 'has_mtp', False)}, step graph: "
+              f"{mtp_head.step_graph() is not None}", flush=True)
 
     rows = []
     outf = open(os.path.join(a.out, "spec.jsonl"), "w") if a.out else None

@@ -141,7 +141,7 @@ def _record_proposals(monkeypatch):
     orig = MTPDrafter.propose
 
     def spy(self, max_k=None):
-        pos = self.cache.base + self.n_true + len(self._pt) + 1
+        pos = self.base + self.n_true + len(self._pt) + 1
         d = orig(self, max_k)
         log.append((pos, None if d is None else list(d.tokens)))
         return d

@@ -52,11 +52,14 @@ def resolve_model(a: argparse.Namespace) -> str:
     return str(path)
 
 
-def load_from_args(a: argparse.Namespace, path: str | None = None):
-    """The engine the model arguments describe (every generating command loads through here)."""
+def load_from_args(a: argparse.Namespace, path: str | None = None, mtp: bool = False):
+    """The engine the model arguments describe (every generating command loads through here).
+    `mtp`: load the MTP block for the MTP drafter too (serve --spec ...,mtp; see load_engine)."""
     from tightfit.runtime.loader import load_engine
     if a.threads:
         import torch
         torch.set_num_threads(a.threads)
     kw = {"vram": a.vram} if getattr(a, "vram", None) else {}
+    if mtp:
+        kw["mtp"] = True
     return load_engine(path or resolve_model(a), device=a.device, n_ctx=a.ctx_size, kv_type=a.kv_type, **kw)

@@ -29,7 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="keep the embedding table on the host (auto: only when short)")
     p.add_argument("--no-split", dest="split", action="store_false",
                    help="never split matrices between device and host")
-    p.add_argument("--mtp", action="store_true", help="also load the MTP block(s)")
+    p.add_argument("--mtp", action="store_true",
+                   help="price the MTP drafter (serve --spec ...,mtp): its block's weights, KV "
+                        "cache and scratch; the whole model must then fit on the GPU")
     p.add_argument("--prefill-chunk", type=int, default=512, help="tokens per prefill step")
     p.add_argument("--reserve", help="override the safety reserve (size)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -75,8 +75,12 @@ def main(a: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
+    # the GPU executor holds the MTP block only when asked (and its plan then prices it); the
+    # CPU model's drafter dequantizes the block itself
+    want_mtp = drafters is not None and "mtp" in drafters and a.device.startswith("cuda")
+
     def loader():
-        engine = load_from_args(a, path)
+        engine = load_from_args(a, path, mtp=want_mtp)
         if drafters is None:
             return engine
         from tightfit.runtime.spec import build_speculative

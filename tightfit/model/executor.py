@@ -193,7 +193,11 @@ class GPUModel:
                  chunk: int | None = None, use_graphs: bool | None = None,
                  lazy_check: bool = False, prefill_chunk: int | None = None,
                  batched: bool = True, plan: Any = None, progress: bool | None = None,
-                 kv_type: str | None = None, device_embed: bool | None = None):
+                 kv_type: str | None = None, device_embed: bool | None = None,
+                 mtp: bool = False):
+        """`mtp`: also hold the MTP (nextn) block blk.<n_layer> (raw matrices in `lin`, norms in
+        `vec`) for tightfit.runtime.spec.mtp's drafter; with a plan, the plan decides
+        (PlanOptions.include_mtp, priced there) and asking for it without is an error."""
         config.validate()
         self.config = c = config
         # KV cache: fp16, or a quantized type (tightfit.kvquant) read by attn_decode_q
@@ -243,7 +247,14 @@ class GPUModel:
         self.lin: dict[str, Linear] = {}
         self.hostw: dict = {}          # lin name -> placed.HostRows (suffix rows on the host)
         self.vec: dict[str, torch.Tensor] = {}
-        needed = list(c.tensor_shapes(include_mtp=False))   # MTP blocks: never loaded here
+        if plan is not None:
+            if mtp and not plan.options.include_mtp:
+                raise UserError("the MTP drafter is not in this plan: make the plan with MTP "
+                                "(tightfit plan --mtp)")
+            mtp = bool(plan.options.include_mtp)
+        self.has_mtp = bool(mtp) and c.nextn_layers > 0
+        needed = [n for n in c.tensor_shapes(include_mtp=self.has_mtp)
+                  if not (n.endswith("nextn.shared_head_norm.weight") and n not in tensors)]
         for name in needed:
             if name not in tensors:
                 raise UserError(f"model file lacks tensor {name}")
@@ -355,7 +366,8 @@ class GPUModel:
         if vram is not None and kw.get("plan") is None:
             from tightfit.model.placed import plan_for
             kw["plan"] = plan_for(mf.path, n_ctx or min(mf.config.n_ctx_train, 4096), vram,
-                                  kv_type=kw.get("kv_type") or "f16", device=device)
+                                  kv_type=kw.get("kv_type") or "f16", device=device,
+                                  mtp=bool(kw.get("mtp", False)))
         return cls(mf.config, mf, device=device, n_ctx=n_ctx, **kw)
 
     def _add_matrix(self, key: str, tensor: str, info: Any) -> None:

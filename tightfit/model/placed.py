@@ -14,7 +14,8 @@ device arena, the host rows read in place from the read-only mmap.
    rows, zero-copy, computed by tightfit.kernels.cpu_gemv) and the host embedding table (one row
    decoded on the CPU per token).
 
-MTP (nextn) blocks are excluded by the plan in single-token mode and never touched.
+MTP (nextn) blocks are excluded by the plan in single-token mode and never touched; a plan made
+with MTP (`PlanOptions.include_mtp`, `plan_for(..., mtp=True)`) holds them in the arena.
 
 `PlacedBatch` is the batched forward (tightfit.model.batch.BatchForward) with each split matrix
 computed as GPU prefix + CPU suffix (only activations cross PCIe); `ArenaState` is a GPUState
@@ -72,15 +73,17 @@ def vram_bytes(vram: int | str, device: str | torch.device = "cuda") -> int:
 def plan_for(path: str | os.PathLike, ctx: int, vram: int | str, *, kv_type: str = "f16",
              host_embd: str = "auto", device: str | torch.device = "cuda",
              reserve: int | None = None, prefill_chunk: int = 512, split: bool = True,
-             check: bool = True):
-    """The plan of `path` at `ctx` within `vram` bytes (MTP excluded); PlanError if it cannot
-    fit (the message says what would), unless check=False."""
+             check: bool = True, mtp: bool = False):
+    """The plan of `path` at `ctx` within `vram` bytes; PlanError if it cannot fit (the message
+    says what would), unless check=False. `mtp`: the MTP drafter's block, KV cache and scratch are
+    in the plan too, and the whole model must then fit on the GPU (without it: MTP excluded)."""
     from tightfit.plan.budget import PlanOptions, plan_model, require_fit
     from tightfit.plan.placement import inventory_from_gguf
     inv = inventory_from_gguf(path)
     plan = plan_model(inv, PlanOptions(ctx=int(ctx), available=vram_bytes(vram, device),
                                        kv_type=kv_type, host_embd=host_embd, split=split,
-                                       prefill_chunk=prefill_chunk, reserve=reserve))
+                                       prefill_chunk=prefill_chunk, reserve=reserve,
+                                       include_mtp=mtp))
     return require_fit(plan) if check else plan
 
 

@@ -4,12 +4,18 @@
               + full-attention KV cache + Gated DeltaNet recurrent state (two banks)
               + persistent workspace + max(prefill scratch, decode scratch)
               + staging buffers + safety reserve
+              [+ MTP drafter: its KV cache + step scratch, with PlanOptions.include_mtp]
 
 Every line is derived from the geometry in `Qwen35Config` and the exact byte counts of the tensors;
 each formula is written next to its code and repeated in the line's `formula` text. The planner
 never truncates the context or downgrades the KV format on its own: if the bill does not fit after
 the allowed weight moves (embedding to the host, then output-row splits), the plan says so, and
 `require_fit` raises PlanError (exit 2) with what would fit.
+
+With `include_mtp` (the MTP drafter, `serve --spec ...,mtp`) the MTP block's weights join the
+`weights` line and the `mtp` line prices the rest (tightfit.plan.mtp). The drafter runs only with
+the whole model on the GPU, so no weight moves to the host then: the plan fits wholly on the
+device or it does not fit, and says what the drafter costs.
 """
 from __future__ import annotations
 
@@ -120,6 +126,18 @@ class PlanOptions:
             raise UserError(f"split order must be one of {', '.join(SPLIT_ORDERS)}, "
                             f"got {self.split_order!r}")
         kv_format(self.kv_type)
+        if self.include_mtp:
+            _validate_mtp(self, cfg)
+
+
+def _validate_mtp(o: PlanOptions, cfg: Qwen35Config) -> None:
+    """The MTP drafter needs the model's MTP block, and the whole model on the GPU."""
+    if not cfg.nextn_layers:
+        raise UserError("MTP asked for (--mtp / --spec mtp), but this model has no MTP block "
+                        "(qwen35.nextn_predict_layers = 0)")
+    if o.host_embd == "yes":
+        raise UserError("--host-embd yes keeps the embedding on the host, but the MTP drafter "
+                        "needs the whole model on the GPU; use --host-embd auto or drop MTP")
 
 
 @dataclass
@@ -347,7 +365,25 @@ def _fixed_lines(cfg: Qwen35Config, o: PlanOptions,
                        "attention tiles) + logits row, tightfit.plan.budget.prefill_workspace)",
                        {"decode_bytes": dec_bytes, "prefill_bytes": pre_bytes, "prefill_tokens": P,
                         "decode": dec, "prefill": pre})
-    return {"kv_cache": kv, "recurrent_state": state, "workspace": ws, "scratch": scratch}
+    lines = {"kv_cache": kv, "recurrent_state": state, "workspace": ws, "scratch": scratch}
+    if o.include_mtp:              # absent otherwise: plans without MTP stay as they were
+        lines["mtp"] = _mtp_line(cfg, o.ctx)
+    return lines
+
+
+def _mtp_line(cfg: Qwen35Config, ctx: int) -> BillLine:
+    """The MTP drafter beside its block's weights (those are in the `weights` line): its own
+    one-layer KV cache and the scratch of its forward, one formula with the runtime
+    (tightfit.plan.mtp). It grows with ctx, so every fit and max-ctx search prices it at its ctx.
+    Not an arena region: the drafter allocates it itself, next to the arena."""
+    from tightfit.plan.mtp import mtp_bytes, mtp_pair_chunk
+    parts = mtp_bytes(cfg, ctx, cfg.n_vocab)
+    return BillLine("mtp", "MTP drafter: KV cache + step scratch", parts["total"],
+                    "ctx x 2 x n_head_kv x head_dim x 2 (fp16 K, V of one layer) + scratch of the "
+                    "captured draft step and one eager pair chunk (tightfit.plan.mtp)",
+                    {"kv": parts["kv"], "scratch": parts["scratch"],
+                     "pair_chunk": mtp_pair_chunk(cfg, ctx), "n_vocab": cfg.n_vocab,
+                     "block": f"blk.{cfg.n_layer}"})
 
 
 def _exchange_tokens(o: PlanOptions, t: TensorSpec) -> int:
@@ -468,6 +504,8 @@ class _Solver:
         """(host_embd, host_rows, fits) following the documented order of moves."""
         o, avail = self.o, self.o.available
         choices = {"no": [False], "yes": [True], "auto": [False, True]}[o.host_embd]
+        if o.include_mtp:          # the drafter runs only with the whole model on the GPU
+            choices, split = [False], False
         for he in choices:
             region = self.region_all - (align_up(self.emb.nbytes) if he else 0)
             if self.total(region, he, 0) <= avail:
@@ -572,6 +610,8 @@ def plan_model(inv: ModelInventory, o: PlanOptions) -> Plan:
     placement = build_placement(s.needed, rows, excluded)
     check_exact_cover(placement, inv.tensors)
     lines = [BillLine("weights", "GPU-resident weights", placement.gpu_bytes,
+                      "sum of exact GGUF bytes of GPU rows (MTP block included: --mtp)"
+                      if o.include_mtp else
                       "sum of exact GGUF bytes of GPU rows (MTP excluded in single-token mode)",
                       {"tensors": len(placement.gpu_segments()),
                        "excluded_bytes": sum(inv.tensors[n].nbytes for n in excluded),
@@ -583,7 +623,7 @@ def plan_model(inv: ModelInventory, o: PlanOptions) -> Plan:
                           + region_pad, "sum(align_up(region) - region)",
                           {"weights": placement.padding_bytes, "other_regions": region_pad}))
     lines += [fixed["kv_cache"], fixed["recurrent_state"], fixed["workspace"], fixed["scratch"],
-              staging,
+              *([fixed["mtp"]] if "mtp" in fixed else []), staging,
               BillLine("reserve", "Safety reserve", s.reserve,
                        "override" if o.reserve is not None else
                        f"{RESERVE_FIXED // MiB} MiB + {RESERVE_FRACTION:.0%} of available")]
@@ -607,7 +647,41 @@ def plan_model(inv: ModelInventory, o: PlanOptions) -> Plan:
                           f"exactly; {fmt.note}")
     if not fits:
         plan.would_fit = _would_fit(inv, o)
+    if o.include_mtp:              # what the drafter costs; when short, why and what to do
+        if fits:
+            plan.notes.append(_mtp_cost(plan)["text"])
+        else:
+            plan.would_fit["mtp"] = _mtp_shortfall(plan)
+            plan.notes.append(plan.would_fit["mtp"]["reason"])
     return plan
+
+
+def _mtp_cost(plan: Plan) -> dict[str, Any]:
+    """What the MTP drafter adds to the bill: its block's weights as the arena holds them (each
+    tensor aligned) plus the `mtp` line (aligned as the solver counts it)."""
+    inv = plan.inventory
+    L = inv.config.n_layer
+    weights = sum(align_up(t.nbytes) for t in inv.needed(True) if t.layer is not None
+                  and t.layer >= L)
+    line = align_up(plan.line("mtp").bytes)
+    parts = (f"{fmt_bytes(weights + line)}: blk.{L} weights {fmt_bytes(weights)} + KV cache and "
+             f"scratch {fmt_bytes(line)}")
+    return {"bytes": weights + line, "weights_bytes": weights, "line_bytes": line,
+            "parts": parts, "text": f"the MTP drafter costs {parts}"}
+
+
+def _mtp_shortfall(plan: Plan) -> dict[str, Any]:
+    """Why a plan with the MTP drafter does not fit: the drafter runs only with the whole model on
+    the GPU (the solver moved nothing to the host), so the whole-GPU bill is over by this much."""
+    cost = _mtp_cost(plan)
+    over = plan.total_bytes - plan.available_bytes
+    # a smaller ctx is advice only when one fits (the weights alone may be too many)
+    smaller = " or a smaller --ctx" if (plan.would_fit or {}).get("max_ctx") else ""
+    reason = (f"the MTP drafter needs the whole model on the GPU: {fmt_bytes(over)} more than is "
+              f"available at ctx {plan.options.ctx} (it costs {cost['parts']}); drop mtp from --spec (or "
+              f"--mtp), or give more VRAM{smaller}")
+    return {"bytes": cost["bytes"], "weights_bytes": cost["weights_bytes"],
+            "line_bytes": cost["line_bytes"], "over_bytes": over, "reason": reason}
 
 
 def _would_fit(inv: ModelInventory, o: PlanOptions) -> dict[str, Any]:
@@ -646,6 +720,8 @@ def require_fit(plan: Plan) -> Plan:
     if w.get("move_to_host_bytes") and (not plan.options.split or plan.options.host_embd == "no"):
         parts.append(f"or move {fmt_bytes(w['move_to_host_bytes'])} of matrix rows to the host "
                      f"({len(w['move_to_host'])} matrices; allow --host-embd auto and row splits)")
+    if w.get("mtp"):
+        parts.append(w["mtp"]["reason"])
     raise PlanError("; ".join(parts))
 
 

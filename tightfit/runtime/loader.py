@@ -16,11 +16,14 @@ KV_DTYPES = {"f16": "float16", "f32": "float32"}
 
 def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, kv_type: str = "f16",
                 vram: int | str | None = None, plan: Any = None, host_embd: str = "auto",
-                progress: bool | None = None, **kw: Any):
+                progress: bool | None = None, mtp: bool = False, **kw: Any):
     """`vram` (bytes, '16GiB', or 'auto' = the device's free memory) or a ready `plan`
     (tightfit.plan.plan_model of this file) place the weights for device='cuda': one device arena
     sized by the plan, host rows read from the mmap (tightfit.model.placed). Without either,
-    the GPU executor uploads every trunk matrix by itself (legacy path)."""
+    the GPU executor uploads every trunk matrix by itself (legacy path).
+    `mtp`: the GPU executor also holds the MTP block for the MTP drafter (`--spec ...,mtp`); a plan
+    made from `vram` then prices it and must fit wholly on the GPU, a ready plan must have been
+    made with MTP. The CPU model needs nothing (its drafter dequantizes the block itself)."""
     from tightfit.api import open_model
     from tightfit.runtime.engine import Engine
     from tightfit.tokenizer import from_gguf
@@ -36,6 +39,10 @@ def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, kv_typ
         dt = getattr(torch, KV_DTYPES.get(kv_type.lower(), "float16"))
         model = ReferenceModel.from_model_file(mf, kv_dtype=dt, kv_type=qt)
     elif device.startswith("cuda"):
+        # before anything touches CUDA: a ready plan without MTP cannot hold the drafter's block
+        if mtp and plan is not None and not plan.options.include_mtp:
+            raise UserError("the MTP drafter is not in this plan: make the plan with MTP "
+                            "(tightfit plan --mtp, plan_for(..., mtp=True))")
         try:
             from tightfit.model.executor import GPUModel  # the graph-captured GPU executor
         except ImportError as e:
@@ -50,10 +57,12 @@ def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, kv_typ
         if plan is None and vram is not None:
             from tightfit.model.placed import plan_for
             plan = plan_for(path, n_ctx or min(mf.config.n_ctx_train, 4096), vram,
-                            kv_type=kv_type, host_embd=host_embd, device=device)
+                            kv_type=kv_type, host_embd=host_embd, device=device, mtp=mtp)
         if plan is not None:
             n_ctx = n_ctx or plan.options.ctx
             kw.update(plan=plan, progress=progress)
+        if mtp:                    # only when asked: the executor's keyword is new
+            kw["mtp"] = True
         model = GPUModel.from_model_file(mf, device=device, n_ctx=n_ctx, **kw)
     else:
         raise UserError(f"unknown device {device!r} (use 'cpu' or 'cuda[:N]')")

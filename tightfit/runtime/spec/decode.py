@@ -157,7 +157,7 @@ class SpeculativeEngine:
         if not ids:
             return
         m = context.mtp if context is not None else None
-        if m is not None and m.cache.base == 0 and m.n_pos == state.pos:
+        if m is not None and m.base == 0 and m.n_pos == state.pos:
             _, hidden = self.verifier.prefill(ids, state)
             if hidden is not None:
                 m.feed(hidden, ids)
@@ -226,7 +226,7 @@ class SpeculativeEngine:
                 drafters.pop("mtp")
                 mtp.reset()
                 mtp = None
-            elif context is not None and context.mtp is mtp and mtp.cache.base == 0 \
+            elif context is not None and context.mtp is mtp and mtp.base == 0 \
                     and mtp.n_pos == n_past:
                 mtp.feed(hidden, ids[n_past:])      # the context holds positions 0..n_past-1
             else:
@@ -434,7 +434,7 @@ class SpecContext:
 
     def snapshot(self, n: int):
         """Host snapshot for a prompt-cache entry of n positions (None: nothing valid to keep)."""
-        if self.mtp is None or self.mtp.cache.base != 0 or self.mtp.n_pos != n:
+        if self.mtp is None or self.mtp.base != 0 or self.mtp.n_pos != n:
             return None
         return self.mtp.snapshot()
 
