@@ -49,14 +49,22 @@ def test_mtp_line_hand_computed(inv):
     # eager pair chunk: 64 MiB of fp32 scores x 3 (scores, masked, softmax) over [H=24, ctx]
     per_pair = 3 * 24 * 8192 * 4
     assert line.details["pair_chunk"] == (64 << 20) // per_pair == 28
-    # fp32 intermediates per row (E 5120, F 17408, H 24, D 256, Hkv 4), as tightfit.plan.mtp lists
-    # them: 12 E of rows, 4 H D of q|gate, 4 H D of q/o temporaries, 6 Hkv D of k/v, 4 F of the
-    # FFN, 2 (2E + F) int8 GEMV copies, plus 3 H ctx of attention scores
-    per_row = (12 * 5120 + 4 * 24 * 256 + 4 * 24 * 256 + 6 * 4 * 256 + 4 * 17408
-               + 2 * (2 * 5120 + 17408) + 3 * 24 * 8192) * 4
-    step = per_row + 2 * 248320 * 4 + 64              # the captured one-token step: + logits, argmax
-    chunk = 28 * per_row + 248320 * 4                 # 28 pairs, logits of the last row only
-    assert line.details["scratch"] == step + chunk == 99_432_512
+    # fp32 intermediates per pair but its scores (E 5120, F 17408, H 24, D 256, Hkv 4), as
+    # tightfit.plan.mtp lists them: 12 E of rows, 4 H D of q|gate, 4 H D of q/o temporaries,
+    # 6 Hkv D of k/v, 4 F of the FFN, 2 (2E + F) int8 GEMV copies
+    row = (12 * 5120 + 4 * 24 * 256 + 4 * 24 * 256 + 6 * 4 * 256 + 4 * 17408
+           + 2 * (2 * 5120 + 17408)) * 4
+    assert row == 966_656
+    blk = 2 << 20                                     # the caching allocator's small blocks
+    # the captured step: its row, 3 x [H, ctx] scores (768 KiB each) and 2 x logits (970 KiB):
+    # all under 1 MiB, so all in 2 MiB blocks
+    step = -(-(row + 64 + 3 * 24 * 8192 * 4 + 2 * 248320 * 4) // blk) * blk
+    assert step == 3 * blk
+    # the eager chunk of 28 pairs: rows + last logits in small blocks, 3 x 21 MiB of scores in
+    # large segments (each rounded to 2 MiB: 22,020,096 B -> 11 blocks)
+    small = -(-(28 * row + 248320 * 4) // blk) * blk
+    big = 3 * 11 * blk
+    assert line.details["scratch"] == step + small + big == 100 * MiB
     assert line.bytes == kv + line.details["scratch"]
 
 

@@ -314,20 +314,22 @@ def test_captured_drafts_equal_the_same_bodies_run_eagerly(small_cuda):
     cfg = eng.config
     head = _head(eng)
     assert head.embed_dev is not None and head.device_bytes == 0
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    graph = head.step_graph()
+    head.new_cache()
     g = torch.Generator(device="cpu").manual_seed(4)
     h = torch.randn(30, cfg.n_embd, generator=g).cuda()
     toks = torch.randint(0, cfg.n_vocab, (30,), generator=g).tolist()
-    got = [graph.draft(h[i:i + 3], toks[i:i + 3], i, 4) for i in range(0, 24, 3)]
-    torch.cuda.synchronize()
-    used = torch.cuda.memory_allocated() - before - head.new_cache().nbytes()
-    assert graph.use_graphs and len(graph._graphs) == 2
-    assert used <= mtp_scratch_bytes(cfg, eng.model.n_ctx, cfg.n_vocab), used
+    # the bodies eagerly first: every lazy allocation (GEMV workspaces, modules) is made here
     ref = MTPStepGraph(head, MTPCache(head, head.cache_capacity, fixed=True))
     ref.use_graphs = False
     want = [ref.draft(h[i:i + 3], toks[i:i + 3], i, 4) for i in range(0, 24, 3)]
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    graph = head.step_graph()
+    got = [graph.draft(h[i:i + 3], toks[i:i + 3], i, 4) for i in range(0, 24, 3)]
+    torch.cuda.synchronize()
+    used = torch.cuda.memory_reserved() - before        # the graphs' private pool
+    assert graph.use_graphs and len(graph._graphs) == 2
+    assert used <= mtp_scratch_bytes(cfg, eng.model.n_ctx, cfg.n_vocab), used
     assert got == want
     assert torch.equal(graph.cache.k[:30], ref.cache.k[:30])
 
@@ -344,3 +346,18 @@ def test_greedy_speculation_with_captured_mtp_is_plain_greedy(small_cuda):
         b = list(se.generate(p, max_tokens=40, sampling=GREEDY))[-1]
         assert b.tokens == a.tokens
     assert se.mtp_head.step_graph().replays > rep
+
+
+def test_the_verify_block_ignores_the_held_mtp_block(held, monkeypatch):
+    """VerifyGraph sizes its int8 input buffers from the executor's quantized matrices: the MTP
+    block's (eh_proj reads no trunk buffer) must not enter (on the device the held block made
+    its construction fail)."""
+    from tightfit.model import verify_graph as VG
+    cfg = held.config
+    assert cfg.is_mtp_tensor(f"blk.{cfg.n_layer}.nextn.eh_proj.weight")
+    assert not cfg.is_mtp_tensor(f"blk.{cfg.n_layer - 1}.ffn_up.weight")
+    assert not cfg.is_mtp_tensor("output.weight") and not cfg.is_mtp_tensor("blk.x.y")
+    for L in held.model.lin.values():
+        monkeypatch.setattr(L, "kind", "quant")     # as on the GPU (the tiny model is 'ref' here)
+    vg = VG.VerifyGraph(held.model, 3)
+    assert vg.layout and not any(cfg.is_mtp_tensor(n) for n in vg.layout)

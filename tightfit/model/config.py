@@ -162,6 +162,12 @@ class Qwen35Config:
             s[p + "nextn.shared_head_norm.weight"] = (E,)
         return s
 
+    def is_mtp_tensor(self, name: str) -> bool:
+        """A tensor of an MTP (nextn) block blk.<n_layer>+ (the trunk's steps never read it)."""
+        parts = name.split(".")
+        return len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit() and \
+            int(parts[1]) >= self.n_layer
+
     @staticmethod
     def is_vector_tensor(name: str) -> bool:
         """Tensors that must stay F32 in a qwen35 GGUF (norms, conv kernel, ssm scalars)."""

@@ -150,7 +150,7 @@ class VerifyGraph:
         self.layout: dict[str, int] = {}
         layouts: dict[str, set] = {}
         for name, L in model.lin.items():
-            if L.kind == "quant":
+            if L.kind == "quant" and not c.is_mtp_tensor(name):   # the block never runs blk.<n_layer>
                 lay = block_layout(L.qtype)
                 self.layout[name] = lay
                 layouts.setdefault(matrix_input(name), set()).add(lay)

@@ -35,13 +35,13 @@ def mtp_pair_chunk(cfg: Qwen35Config, ctx: int) -> int:
     return max(1, min(PAIR_CHUNK_MAX, PAIR_SCORE_BUDGET // per_pair))
 
 
-def _rows_bytes(cfg: Qwen35Config, n: int, ctx: int) -> int:
-    """fp32 intermediates of one forward over n pairs (every tensor the forward makes, summed:
-    an upper bound, the allocator frees most of them before the next is made)."""
+def _row_bytes(cfg: Qwen35Config) -> int:
+    """fp32 bytes of one pair's intermediates but its attention scores (every tensor the
+    forward makes, summed: an upper bound, the allocator frees most before the next is made)."""
     E, F, H, D, Hkv = cfg.n_embd, cfg.n_ff, cfg.n_head, cfg.head_dim, cfg.n_head_kv
-    per_row = (
-        4 * E            # embedding row, its norm, the hidden norm, their concat (2E) ...
-        + 2 * E          # ... concat
+    return 4 * (
+        4 * E            # embedding row, its norm, the hidden norm, ...
+        + 2 * E          # ... their concat
         + 6 * E          # eh_proj out, attention norm, attention out, residuals, the final norm
         + 2 * 2 * H * D  # q|gate, q / gate views made contiguous
         + 4 * H * D      # q norm + rope temporaries, o, o * sigmoid(gate)
@@ -49,15 +49,35 @@ def _rows_bytes(cfg: Qwen35Config, n: int, ctx: int) -> int:
         + 4 * F          # gate, up, silu(gate) * up, silu temp
         + 2 * (2 * E + F)  # int8 activation copies + scales for the GEMVs (generous)
     )
-    scores = 3 * H * int(ctx)          # scores, masked copy, softmax
-    return int(n) * (per_row + scores) * 4
+
+
+SMALL_BLOCK = 2 << 20       # torch's caching allocator: allocations < 1 MiB share 2 MiB blocks,
+LARGE_SEGMENT = 20 << 20    # 1-10 MiB ones 20 MiB segments, larger ones their size in 2 MiB steps
+LARGE = 1 << 20
+
+
+def _round_up(n: int, q: int) -> int:
+    return -(-int(n) // q) * q
+
+
+def _reserved(small: int, tensors: list[int]) -> int:
+    """What the caching allocator (or a graph's private pool) reserves for `small` bytes of
+    small tensors plus `tensors` (sizes): small ones in 2 MiB blocks, the large ones (>= 1 MiB)
+    in segments of at least 20 MiB."""
+    small += sum(t for t in tensors if t < LARGE)
+    big = sum(_round_up(t, SMALL_BLOCK) for t in tensors if t >= LARGE)
+    return _round_up(small, SMALL_BLOCK) + (max(LARGE_SEGMENT, big) if big else 0)
 
 
 def mtp_scratch_bytes(cfg: Qwen35Config, ctx: int, n_vocab: int) -> int:
-    """Device scratch of the drafter: the captured one-token step (its rows + logits + argmax)
-    plus one eager pair chunk (mtp_pair_chunk pairs, logits of its last row only)."""
-    step = _rows_bytes(cfg, 1, ctx) + 2 * int(n_vocab) * 4 + 64
-    chunk = _rows_bytes(cfg, mtp_pair_chunk(cfg, ctx), ctx) + int(n_vocab) * 4
+    """Device scratch of the drafter, as the allocator reserves it: the captured one-token
+    steps' private pool (one pair's rows, its scores / masked copy / softmax over the whole
+    capacity, the logits and their argmax) plus one eager pair chunk (mtp_pair_chunk pairs'
+    rows and scores, the logits of its last row only)."""
+    H, ctx, V = cfg.n_head, max(int(ctx), 1), int(n_vocab)
+    step = _reserved(_row_bytes(cfg) + 64, [H * ctx * 4] * 3 + [V * 4] * 2)
+    n = mtp_pair_chunk(cfg, ctx)
+    chunk = _reserved(n * _row_bytes(cfg), [n * H * ctx * 4] * 3 + [V * 4])
     return step + chunk
 
 
