@@ -442,6 +442,10 @@ def main() -> int:
     for r in rows:
         if r["mode"] == "skipped":
             print(f"skipped (budget): {r['what']}")
+    g = mtp_head._graph if mtp_head is not None else None
+    if g is not None:
+        print(f"MTP step graphs: {len(g._graphs)} captured in {g.capture_s:.2f}s, "
+              f"{g.replays} replays", flush=True)
     print(f"total {time.time() - t_start:.1f}s")
     return 0 if all(r.get("same", True) is not False for r in rows) else 1
 

@@ -111,6 +111,11 @@ def test_static_step_matches_the_eager_forward(held):
         at, pos = torch.tensor([i]), torch.tensor([base + i])
         got = head.step_pair(e, h[i:i + 1], b, at, pos, full=(i == n - 1))
         assert (got is None) == (i < n - 1)
+    # the same last pair through the executor's decode attention (T = status[2] + 1 rows)
+    assert head.attn is not None
+    status = torch.tensor([0, 0, n - 1, 0], dtype=torch.int32)
+    got2 = head.step_pair(e, h[n - 1:n], b, at, pos, full=True, status=status)
+    torch.testing.assert_close(got2, got, rtol=1e-4, atol=1e-4 * float(got.std()))
     torch.testing.assert_close(b.k[:n], a.k[:n], rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(b.v[:n], a.v[:n], rtol=2e-3, atol=2e-3)
     assert float(b.k[n:].abs().max()) == 0.0                 # nothing past the written rows

@@ -46,6 +46,21 @@ def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(ms + eps).to(x.dtype) * w.to(x.dtype)
 
 
+def _decode_attention(model: Any) -> tuple | None:
+    """The executor's fp16 decode attention for the MTP step (tightfit.kernels.attn_decode): the
+    Triton kernel with the executor's split-K workspace when its KV cache is fp16 and its
+    context is past one pass (both run on one stream, one after the other: the workspace is
+    free between the executor's steps), else one pass; the torch reference on the CPU."""
+    from tightfit.kernels import attn_decode as A
+    n_ctx = int(getattr(model, "n_ctx", 0) or 0)
+    if not getattr(model, "use_triton", False):
+        return A.attn_decode_ref, None, 1, A.DEFAULT_CHUNK
+    ws = getattr(model, "ws", None)
+    if n_ctx > A.SINGLE_PASS_MAX and isinstance(ws, tuple) and not getattr(model, "kv_type", None):
+        return A.attn_decode, ws, int(model.n_chunks), int(model.chunk)
+    return A.attn_decode, None, 1, A.DEFAULT_CHUNK
+
+
 class MTPHead:
     def __init__(self, config, weights: dict[str, torch.Tensor], embed_fn: Callable, head_fn: Callable,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
@@ -60,6 +75,9 @@ class MTPHead:
         self.cache_capacity: int | None = None   # planned fixed KV rows (on_gpu_model, raw block)
         self.embed_dev: Callable | None = None   # ids (device) -> rows, capturable (mtp_graph)
         self._shared: "MTPCache | None" = None   # the planned cache, one for every drafter
+        # (decode attention fn, its split-K workspace, chunks, rows per chunk): the executor's
+        # fp16 attention kernel for step_pair (on_gpu_model), else None (torch attention)
+        self.attn: tuple | None = None
         self._graph = None
         self.device = torch.device(device)
         self.dtype = dtype
@@ -176,6 +194,7 @@ class MTPHead:
             obj.cache_capacity = int(model.n_ctx)
         if emb_dev is not None:
             obj.embed_dev = embed_fn
+        obj.attn = _decode_attention(model)
         return obj
 
     # ---- pieces ------------------------------------------------------------------------------
@@ -232,24 +251,30 @@ class MTPHead:
         v = self._lin(a, p + "attn_v.weight").view(n, c.n_head_kv, c.head_dim)
         return self._rope(_rmsnorm(k, self.w[p + "attn_k_norm.weight"], eps), pos), v
 
-    def _q(self, a: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _q(self, a: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q normed and roped [n, H, D], gate [n, H*D], the projection q|gate [n, H, 2D])."""
         c, p, eps = self.config, self.p, self.config.rms_eps
         n, H, D = a.shape[0], c.n_head, c.head_dim
         qg = self._lin(a, p + "attn_q.weight").view(n, H, 2 * D)
         q, gate = qg[..., :D], qg[..., D:].reshape(n, H * D)
-        return self._rope(_rmsnorm(q, self.w[p + "attn_q_norm.weight"], eps), pos), gate
+        return self._rope(_rmsnorm(q, self.w[p + "attn_q_norm.weight"], eps), pos), gate, qg
 
-    def _finish(self, x: torch.Tensor, q: torch.Tensor, gate: torch.Tensor, Kc: torch.Tensor,
-                Vc: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
-        """Attention of q over rows Kc/Vc where `causal` [n, T] allows, then the FFN and the
-        shared head norm: h' [n, E]."""
-        c, p, eps = self.config, self.p, self.config.rms_eps
+    def _attend(self, q: torch.Tensor, gate: torch.Tensor, Kc: torch.Tensor, Vc: torch.Tensor,
+                causal: torch.Tensor) -> torch.Tensor:
+        """Gated attention of q over rows Kc/Vc where `causal` [n, T] allows: [n, H*D]."""
+        c = self.config
         n, H, Hkv, D = q.shape[0], c.n_head, c.n_head_kv, c.head_dim
         Kc, Vc = Kc.to(self.dtype), Vc.to(self.dtype)
         scores = torch.einsum("njgd,tjd->jgnt", q.reshape(n, Hkv, H // Hkv, D), Kc) / math.sqrt(D)
         scores = scores.masked_fill(~causal, float("-inf"))
         o = torch.einsum("jgnt,tjd->njgd", torch.softmax(scores, -1), Vc).reshape(n, H * D)
-        x = x + self._lin(o * torch.sigmoid(gate), p + "attn_output.weight")
+        return o * torch.sigmoid(gate)
+
+    def _finish(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The attention output o [n, H*D] (gated) through the output projection, then the FFN
+        and the shared head norm: h' [n, E]."""
+        p, eps = self.p, self.config.rms_eps
+        x = x + self._lin(o, p + "attn_output.weight")
         f = _rmsnorm(x, self.w[p + "post_attention_norm.weight"], eps)
         x = x + self._lin(F.silu(self._lin(f, p + "ffn_gate.weight")) * self._lin(f, p + "ffn_up.weight"),
                           p + "ffn_down.weight")
@@ -280,25 +305,28 @@ class MTPHead:
             x = self._input(self.embed_fn(ids), h_in)
             a = _rmsnorm(x, self.w[self.p + "attn_norm.weight"], self.config.rms_eps)
             pos = torch.arange(cache.base + at, cache.base + at + n, device=self.device)
-            q, gate = self._q(a, pos)
+            q, gate, _ = self._q(a, pos)
             k, v = self._kv(a, pos)
             cache.write(at, k, v)
             T = at + n
             causal = torch.arange(T, device=self.device)[None, :] <= \
                 (at + torch.arange(n, device=self.device))[:, None]
-            h_out = self._finish(x, q, gate, cache.k[:T], cache.v[:T], causal)
+            h_out = self._finish(x, self._attend(q, gate, cache.k[:T], cache.v[:T], causal))
             if logits == "none":
                 return None, h_out
             out = self.head_fn(h_out if logits == "all" else h_out[-1:])
         return out, h_out
 
     def step_pair(self, e: torch.Tensor, h_in: torch.Tensor, cache: "MTPCache", at: torch.Tensor,
-                  pos: torch.Tensor, full: bool = True) -> torch.Tensor | None:
+                  pos: torch.Tensor, full: bool = True,
+                  status: torch.Tensor | None = None) -> torch.Tensor | None:
         """One pair with shapes that never change (what a CUDA graph captures): e = the next
         token's embedding row [1, E], h_in [1, E], `at` / `pos` int64 [1] device tensors (cache
         row and position). Writes K/V row `at`; with `full`, attends over every row <= at of
-        the whole fixed-capacity cache and returns h' [1, E] (else only the KV row: what a
-        pair whose draft is not needed costs)."""
+        the cache and returns h' [1, E] (else only the KV row: what a pair whose draft is not
+        needed costs). The attention: the executor's decode kernel (`attn`, set by
+        on_gpu_model: T = status[2] + 1 rows, status int32 [4] holding `at` in [2]) when given,
+        else the whole fixed-capacity cache under a mask."""
         with torch.no_grad():
             x = self._input(e, h_in)
             a = _rmsnorm(x, self.w[self.p + "attn_norm.weight"], self.config.rms_eps)
@@ -306,9 +334,18 @@ class MTPHead:
             cache.write_rows(at, k, v)
             if not full:
                 return None
-            q, gate = self._q(a, pos)
-            causal = (torch.arange(cache.capacity, device=self.device) <= at)[None, :]
-            return self._finish(x, q, gate, cache.k, cache.v, causal)
+            q, gate, qg = self._q(a, pos)
+            if self.attn is not None and status is not None:
+                fn, ws, nch, chunk = self.attn
+                c = self.config
+                o = torch.empty(c.n_head, c.head_dim, dtype=torch.float32, device=self.device)
+                fn(q[0].contiguous(), cache.k, cache.v, qg[0].contiguous(), o, status, ws,
+                   n_chunks=nch, chunk=chunk)
+                o = o.reshape(1, -1)
+            else:
+                causal = (torch.arange(cache.capacity, device=self.device) <= at)[None, :]
+                o = self._attend(q, gate, cache.k, cache.v, causal)
+            return self._finish(x, o)
 
 
 class MTPCache:

@@ -39,10 +39,13 @@ class MTPStepGraph:
         self.at = torch.zeros(1, dtype=torch.int64, device=dev)
         self.pos = torch.zeros(1, dtype=torch.int64, device=dev)
         self.j = torch.zeros(1, dtype=torch.int64, device=dev)
+        # the decode attention kernel's view of the row: T = status[2] + 1 (int32, as the step's)
+        self.status = torch.zeros(4, dtype=torch.int32, device=dev)
         self.out = torch.zeros(64, dtype=torch.int64, device=dev)   # drafted ids of a round
         self.use_graphs = dev.type == "cuda"
         self._graphs: dict[str, Any] = {}
         self.replays = 0
+        self.capture_s = 0.0           # warm-up + capture time (bench: kept out of the round cost)
 
     @property
     def max_draft(self) -> int:
@@ -52,18 +55,22 @@ class MTPStepGraph:
     def _kv_body(self) -> None:
         hd = self.head
         hd.step_pair(hd.embed_dev(self.tok), self.h, self.cache, self.at, self.pos, full=False)
+        self._advance()
+
+    def _advance(self) -> None:
         self.at.add_(1)
         self.pos.add_(1)
+        self.status[2:3].add_(1)
 
     def _draft_body(self) -> None:
         hd = self.head
-        h2 = hd.step_pair(hd.embed_dev(self.tok), self.h, self.cache, self.at, self.pos, full=True)
+        h2 = hd.step_pair(hd.embed_dev(self.tok), self.h, self.cache, self.at, self.pos, full=True,
+                          status=self.status)
         d = torch.argmax(hd.head_fn(h2).reshape(-1)).reshape(1)
         self.out.index_copy_(0, self.j, d)
         self.tok.copy_(d)
         self.h.copy_(h2)
-        self.at.add_(1)
-        self.pos.add_(1)
+        self._advance()
         self.j.add_(1)
 
     def _bodies(self):
@@ -73,10 +80,12 @@ class MTPStepGraph:
         g = self._graphs.get(name)
         if g is not None:
             return g
+        import time
+        t0 = time.perf_counter()
         body = self._bodies()[name]
         # warm-up (JIT compiles, lazy GEMV setup) on a side stream, then capture; the static
         # buffers and the KV row at `at` are restored / rewritten before any real use
-        keep = [t.clone() for t in (self.h, self.tok, self.at, self.pos, self.j)]
+        keep = [t.clone() for t in self._state()]
         row = int(keep[2].item())
         kv = (self.cache.k[row].clone(), self.cache.v[row].clone())
         torch.cuda.synchronize(self.h.device)
@@ -94,10 +103,14 @@ class MTPStepGraph:
         self.cache.k[row].copy_(kv[0])
         self.cache.v[row].copy_(kv[1])
         self._graphs[name] = g
+        self.capture_s += time.perf_counter() - t0
         return g
 
+    def _state(self):
+        return (self.h, self.tok, self.at, self.pos, self.j, self.status)
+
     def _restore(self, keep) -> None:
-        for t, v in zip((self.h, self.tok, self.at, self.pos, self.j), keep):
+        for t, v in zip(self._state(), keep):
             t.copy_(v)
 
     def _run(self, name: str) -> None:
@@ -120,6 +133,7 @@ class MTPStepGraph:
         if at + n - 1 + k > self.cache.capacity:
             raise ValueError("MTP graph: the round would pass the cache's capacity")
         self.at.fill_(at)
+        self.status[2:3].fill_(at)
         self.pos.fill_(self.cache.base + at)
         self.j.zero_()
         for i in range(n):
