@@ -279,6 +279,36 @@ def test_a_plan_made_with_mtp_holds_the_block_in_its_arena(mtp_path):
         mf.close()
 
 
+def test_prefill_hidden_is_the_plain_prefill_with_its_hidden_rows(held):
+    """GPUModel.prefill_hidden: the same state and last logits as forward(ids, 'last') (the
+    prefill without MTP), and every token's normed hidden row handed over chunk by chunk; the
+    rows are what the one-token step leaves in xn for the same tokens."""
+    m = held.model
+    cfg = held.config
+    ids = list(np.random.default_rng(2).integers(0, cfg.n_vocab, 23))
+    bf = m.batcher()
+    old = bf.chunk
+    bf.chunk = 8                                    # three chunks: 8, 8, 7
+    try:
+        a = m.new_state()
+        want = m.forward(ids, a, logits="last")
+        b = m.new_state()
+        got_chunks = []
+        got = m.prefill_hidden(ids, b, lambda rows, part: got_chunks.append((rows.clone(), part)))
+    finally:
+        bf.chunk = old
+    assert torch.equal(got, want)
+    assert [p for _, p in got_chunks] == [ids[:8], ids[8:16], ids[16:]]
+    assert int(b.status[2]) == int(a.status[2]) == len(ids) and b.pos == a.pos
+    rows = torch.cat([r for r, _ in got_chunks])
+    c = m.new_state()
+    steps = []
+    for t in ids:
+        m.forward([t], c, logits="last")
+        steps.append(m.xn.detach().reshape(1, -1).clone())
+    torch.testing.assert_close(rows, torch.cat(steps), rtol=2e-3, atol=2e-3 * float(rows.std()))
+
+
 # ---- on the device: the captured graphs ---------------------------------------------------------
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the captured graphs)")
 
@@ -366,3 +396,27 @@ def test_the_verify_block_ignores_the_held_mtp_block(held, monkeypatch):
         monkeypatch.setattr(L, "kind", "quant")     # as on the GPU (the tiny model is 'ref' here)
     vg = VG.VerifyGraph(held.model, 3)
     assert vg.layout and not any(cfg.is_mtp_tensor(n) for n in vg.layout)
+
+
+@cuda
+def test_prefill_hidden_on_the_device_keeps_the_plain_logits(small_cuda):
+    """On the GPU a 1-row FFN takes the GEMV path and a block the GEMM: prefill_hidden runs the
+    last row as the plain prefill does, so its logits and state are bitwise the plain ones."""
+    m = small_cuda.model
+    cfg = small_cuda.config
+    ids = [int(x) for x in np.random.default_rng(8).integers(0, cfg.n_vocab, 40)]
+    bf = m.batcher()
+    old = bf.chunk
+    bf.chunk = 16
+    try:
+        a, b = m.new_state(), m.new_state()
+        want = m.forward(ids, a, logits="last")
+        n_rows = []
+        got = m.prefill_hidden(ids, b, lambda rows, part: n_rows.append(rows.shape[0]))
+    finally:
+        bf.chunk = old
+    assert n_rows == [16, 16, 8]
+    assert torch.equal(got, want)
+    a.sync()
+    b.sync()
+    assert torch.equal(a.k[:, :40], b.k[:, :40]) and torch.equal(a.v[:, :40], b.v[:, :40])

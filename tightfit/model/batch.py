@@ -337,22 +337,37 @@ class BatchForward:
                 x = x + self._gdn(il, xn, st, a, caps)
             else:
                 x = x + self._attention(il, xn, st, p0)
-            if il == c.n_layer - 1 and logits != "all":
+            if il == c.n_layer - 1 and logits not in ("all", "hidden"):
                 if logits == "none":
                     break
                 x = x[-1:]
-            x = x + self._ffn(il, _rmsnorm(x, v[p + "post_attention_norm.weight"], eps))
+            if il == c.n_layer - 1 and logits == "hidden" and x.shape[0] > 1:
+                # the last row alone, as 'last' runs it (a 1-row FFN takes the GEMV path, the
+                # others the GEMM): its logits are the plain prefill's
+                x = torch.cat([self._ffn_res(il, x[:-1]), self._ffn_res(il, x[-1:])], 0)
+                continue
+            x = self._ffn_res(il, x)
         if logits == "none":
             if not bool(torch.isfinite(x).all()):
                 raise NonFiniteError("non-finite values in the hidden state; the state was not "
                                      "advanced past the previous chunk")
             return None, None, a
+        if logits == "hidden":          # every row's normed hidden, no logits (prefill_hidden)
+            if not bool(torch.isfinite(x).all()):
+                raise NonFiniteError("non-finite values in the hidden state; the state was not "
+                                     "advanced past the previous chunk")
+            w = v["output_norm.weight"]
+            return None, (_rmsnorm(x, w, eps), _rmsnorm(x[-1:], w, eps)), a
         h = _rmsnorm(x, v["output_norm.weight"], eps)
         out = self.lin(h, "output.weight")
         if not (bool(torch.isfinite(x).all()) and bool(torch.isfinite(out).all())):
             raise NonFiniteError("non-finite values in the hidden state or the logits; the state "
                                  "was not advanced past the previous chunk")
         return out, (h if want_hidden else None), a
+
+    def _ffn_res(self, il: int, x: torch.Tensor) -> torch.Tensor:
+        v, eps = self.m.vec, self.c.rms_eps
+        return x + self._ffn(il, _rmsnorm(x, v[f"blk.{il}.post_attention_norm.weight"], eps))
 
     @staticmethod
     def _commit(st: Any, a: int, n: int) -> None:
@@ -383,6 +398,26 @@ class BatchForward:
         if logits == "none":
             return torch.empty(0, V, dtype=torch.float32, device=self.m.device)
         return torch.cat(rows, 0) if len(rows) > 1 else rows[0]
+
+    def prefill_hidden(self, ids: Sequence[int], st: Any,
+                       sink: Callable[[torch.Tensor, list[int]], None]) -> torch.Tensor:
+        """The chunked prefill of `forward(ids, st, 'last')` (same chunks, same kernels: the same
+        state and last logits) that also hands every chunk's normed hidden rows (output_norm(h),
+        what the MTP head reads) to sink(rows [m, E], the chunk's ids) before the next chunk
+        runs, so they are never all held at once. Returns the last token's logits [1, V]."""
+        n = len(ids)
+        out = None
+        with torch.no_grad():
+            for i in range(0, n, self.chunk):
+                part = list(ids[i:i + self.chunk])
+                _, (h, h_last), a = self._run(part, st, "hidden", None)
+                self._commit(st, a, len(part))
+                if i + self.chunk >= n:
+                    out = self.lin(h_last, "output.weight")
+                    if not bool(torch.isfinite(out).all()):
+                        raise NonFiniteError("non-finite logits after the prompt")
+                sink(h, part)
+        return out
 
     def verify_graph(self, n: int, st: Any):
         """The captured verify block (tightfit.model.verify_graph) for n tokens on this state,

@@ -1100,6 +1100,34 @@ class GPUModel:
             state.sync()
         return out
 
+    def prefill_hidden(self, tokens: Sequence[int] | torch.Tensor, state: GPUState,
+                       sink) -> torch.Tensor:
+        """forward(tokens, state, 'last') (the same prefill: batched chunks, or the step for one
+        token) that also hands the normed hidden rows of every token to sink(rows [m, E], ids)
+        chunk by chunk (the MTP drafter's input). Returns [1, V] fp32 logits of the last token."""
+        if not isinstance(state, GPUState) or state.config != self.config \
+                or state.kv_type != self.kv_type:
+            raise StateError("state was created for a different model (or KV cache type)")
+        ids = self._token_ids(tokens)
+        n = len(ids)
+        state.check_usable(n)
+        if n > 1 and self.batched:
+            if state.device.type == "cuda":
+                state.sync()
+            out = self.batcher().prefill_hidden(ids, state, sink)
+            if not self.lazy_check:
+                state.sync()
+            return out
+        out = None
+        with torch.no_grad():
+            for tok in ids:
+                self.step_token(tok, state, True)
+                sink(self.xn.detach().reshape(1, -1).clone(), [tok])
+            out = self.logits.clone()
+        if not self.lazy_check:
+            state.sync()
+        return out
+
     def forward_block(self, tokens: Sequence[int] | torch.Tensor, state: GPUState,
                       keep_states: bool = True):
         """Speculative verify: run the block [last, d_1..d_k] without committing; returns a

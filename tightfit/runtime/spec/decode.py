@@ -158,11 +158,8 @@ class SpeculativeEngine:
             return
         m = context.mtp if context is not None else None
         if m is not None and m.base == 0 and m.n_pos == state.pos:
-            _, hidden = self.verifier.prefill(ids, state)
-            if hidden is not None:
-                m.feed(hidden, ids)
-                return
-            m.reset()               # no hidden rows from this verifier: no context (n_pos 0)
+            if not _prefill_mtp(self.verifier, ids, state, m)[1]:
+                m.reset()           # no hidden rows from this verifier: no context (n_pos 0)
             return
         if m is not None:
             m.reset()
@@ -221,16 +218,14 @@ class SpeculativeEngine:
         timings = SpecTimings(prompt_n=len(ids) - n_past, cache_n=n_past)
         t0 = time.perf_counter()
         if mtp is not None:
-            logits, hidden = ver.prefill(ids[n_past:], state)
-            if hidden is None:          # this verifier cannot give hidden states: no MTP
+            if not (context is not None and context.mtp is mtp and mtp.base == 0
+                    and mtp.n_pos == n_past):
+                mtp.reset(n_past)   # else the context holds positions 0..n_past-1: go on
+            logits, fed = _prefill_mtp(ver, ids[n_past:], state, mtp)
+            if not fed:                 # this verifier cannot give hidden states: no MTP
                 drafters.pop("mtp")
                 mtp.reset()
                 mtp = None
-            elif context is not None and context.mtp is mtp and mtp.base == 0 \
-                    and mtp.n_pos == n_past:
-                mtp.feed(hidden, ids[n_past:])      # the context holds positions 0..n_past-1
-            else:
-                mtp.begin(n_past, hidden, ids[n_past + 1:])
         else:
             logits = eng.prefill(ids[n_past:], state)
             if context is not None:
@@ -466,6 +461,23 @@ class SyntheticDrafter:
     def propose(self, max_k: int | None = None) -> Draft | None:
         k = self.k if max_k is None else min(self.k, max_k)
         return Draft([self.last] * k, self.name, match_len=k) if k > 0 else None
+
+
+def _prefill_mtp(ver, ids: Sequence[int], state, mtp) -> tuple[np.ndarray, bool]:
+    """Prefill the prompt and give the MTP drafter the target's hidden rows chunk by chunk: each
+    chunk's pairs go through the head (its KV rows) before the next chunk, so the prompt's
+    hidden rows are never all held at once. (The last token's logits, whether the drafter got
+    the rows: False when the verifier has none.)"""
+    def sink(rows, part) -> None:
+        mtp.feed(rows, part)
+        mtp.flush()
+    if hasattr(ver, "prefill_into"):
+        return ver.prefill_into(ids, state, sink), True
+    logits, hidden = ver.prefill(ids, state)
+    if hidden is None:
+        return logits, False
+    sink(hidden, list(ids))
+    return logits, True
 
 
 DRAFTER_NAMES = ("ngram", "suffix", "mtp")

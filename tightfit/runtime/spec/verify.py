@@ -347,6 +347,23 @@ class BlockVerifier:
             hs.append(blk.hidden)
         return blk.row(blk.n_rows - 1), torch.cat(hs, 0)
 
+    def prefill_into(self, ids: Sequence[int], state, sink) -> np.ndarray:
+        """Feed prompt tokens through the executor's own prefill (prefill_hidden: the plain
+        prefill's chunks and kernels, so the same state and last logits as without MTP), handing
+        each chunk's normed hidden rows to sink(rows, ids) as it goes; the last token's logits.
+        Executors without it: forward_block chunks (prefill's hidden rows path)."""
+        ids = list(ids)
+        if hasattr(self.model, "prefill_hidden"):
+            return _np(self.model.prefill_hidden(ids, state, sink))[-1]
+        blk = None
+        step = max(1, self.hidden_chunk)
+        for i in range(0, len(ids), step):
+            part = ids[i:i + step]
+            blk = self.model.forward_block(part, state, keep_states=False)
+            blk.commit(len(part))
+            sink(blk.hidden, part)
+        return blk.row(blk.n_rows - 1)
+
     def begin(self, tokens: Sequence[int], state):
         tokens = list(tokens)
         if len(tokens) == 1 and hasattr(self.model, "step_token"):
