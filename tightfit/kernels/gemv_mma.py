@@ -84,29 +84,15 @@ _modules: dict[tuple[int, int], dict[int, object]] = {}
 _geom: dict[tuple, tuple] = {}
 
 
-def _options(pdl: bool = False) -> tuple[str, ...]:
+def _options() -> tuple[str, ...]:
     """NVRTC options; TIGHTFIT_MMA_LEGACY=1 builds session 11's arithmetic (I2F conversions, int64
-    split arithmetic, a fence at every fixup arrival) for A/B timing (bench/NOTES.md, session 13);
-    pdl: the build launched with the PDL attribute (TF_PDL: griddepcontrol wait / signal)."""
+    split arithmetic, a fence at every fixup arrival) for A/B timing (bench/NOTES.md, session 13)."""
     legacy = os.environ.get("TIGHTFIT_MMA_LEGACY", "0").strip()
     if legacy not in ("0", "1", ""):
         raise ValueError(f"TIGHTFIT_MMA_LEGACY={legacy!r}: expected 0 or 1")
     minb = _min_blocks()
     return (("-std=c++17",) + (("-DTF_MMA_LEGACY=1",) if legacy == "1" else ())
-            + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ())
-            + (("-DTF_PDL=1",) if pdl else ())
-            + ((f"-DTF_MMA_PF_STEPS={int(os.environ['TIGHTFIT_MMA_PF'])}",)
-               if pdl and os.environ.get("TIGHTFIT_MMA_PF", "").strip() else ()))
-
-
-def pdl_on(device: int | None) -> bool:
-    """Launch these kernels with PDL (programmatic dependent launch, tightfit/kernels/pdl.py):
-    where pdl.enabled says so, unless TIGHTFIT_MMA_PDL=0 (the switch for A/B timing). device None:
-    the environment alone (offline builds)."""
-    if os.environ.get("TIGHTFIT_MMA_PDL", "1").strip() == "0":
-        return False
-    from tightfit.kernels import pdl as _pdl
-    return _pdl._env_on() if device is None else _pdl.enabled(device)
+            + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ()))
 
 
 def _min_blocks() -> int:
@@ -166,8 +152,7 @@ def kernel_names(qtype: int) -> list[str]:
 
 
 def _module(qtype: int, device: int) -> dict[tuple[int, int], object]:
-    pdl = pdl_on(device)
-    key = (device, int(qtype), pdl)
+    key = (device, int(qtype))
     mods = _modules.get(key)
     if mods is not None:
         return mods
@@ -177,7 +162,7 @@ def _module(qtype: int, device: int) -> dict[tuple[int, int], object]:
             cp = _rt.cupy()
             names = kernel_names(qtype)
             with cp.cuda.Device(device):
-                mod = cp.RawModule(code=source(), options=_options(pdl), name_expressions=names)
+                mod = cp.RawModule(code=source(), options=_options(), name_expressions=names)
                 mods = {key: mod.get_function(n) for key, n in zip(KERNELS, names)}
             _modules[key] = mods
     return mods
@@ -209,8 +194,7 @@ def _pipe_fn(qtype: int, device: int, rt: int, nst: int):
                 cp = _rt.cupy()
                 name = PIPE_KERNEL.format(m=_formats()[int(qtype)], rt=rt, nst=nst)
                 with cp.cuda.Device(device):
-                    mod = cp.RawModule(code=source(), options=_options(pdl_on(device)),
-                                       name_expressions=[name])
+                    mod = cp.RawModule(code=source(), options=_options(), name_expressions=[name])
                     fn = mod.get_function(name)
                     sm = pipe_smem(qtype, rt, nst)
                     if sm > 48 << 10:
@@ -462,21 +446,18 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
     check_operands("MMA GEMV", act, w_raw, int(n_out), out, rb)
     if w_raw.data_ptr() % 16:
         raise ValueError("MMA GEMV: weights must be 16-byte aligned")
-    sptr = torch.cuda.current_stream(dev).cuda_stream
+    stream = _rt.stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
     pw, pq, pd, ps, py = (w_raw.data_ptr(), q.data_ptr(), d.data_ptr(), s16.data_ptr(),
                           out.data_ptr())
     K, N_OUT = np.int32(k), np.int32(n_out)
     ws = _workspace(dev.index, *need)
     pc, pp = np.uint64(ws.cnt), np.uint64(ws.part)
-    pdl = pdl_on(dev.index)
-    # the chunks' launches are stream-ordered (with PDL each waits for the one before it): they
-    # reuse the same counters / slots
-    for fn, c0, nc, grid, sm in launches:
-        _rt.launch(fn, grid, (THREADS, 1, 1),
-                   (np.uint64(pw), np.uint64(pq + c0 * k), np.uint64(pd + c0 * (k // 32) * 4),
-                    np.uint64(ps + c0 * (k // 16) * 4), np.uint64(py + c0 * n_out * 4), N_OUT, K,
-                    np.int32(nc), pc, pp), shared_mem=sm, stream_ptr=sptr, device=dev.index,
-                   pdl=pdl)
+    with stream:    # the chunks' launches are stream-ordered: they reuse the same counters / slots
+        for fn, c0, nc, grid, sm in launches:
+            fn(grid, (THREADS, 1, 1),
+               (np.uint64(pw), np.uint64(pq + c0 * k), np.uint64(pd + c0 * (k // 32) * 4),
+                np.uint64(ps + c0 * (k // 16) * 4), np.uint64(py + c0 * n_out * 4), N_OUT, K,
+                np.int32(nc), pc, pp), shared_mem=sm)
     return out
 
 
@@ -620,11 +601,10 @@ def host_frag(qtype: int, blk: np.ndarray, xb: np.ndarray, t: int, j: int
 
 
 # ---------------------------------------------------------------- offline compile report (nvcc)
-def compile_report(arch: str = "sm_90", nvcc: str | None = None,
-                   pdl: bool | None = None) -> list[dict]:
+def compile_report(arch: str = "sm_90", nvcc: str | None = None) -> list[dict]:
     """nvcc -cubin -Xptxas -v of every tf_mma<M, NT> (the runtime's NVRTC options, so the A/B
-    switches apply; pdl: the PDL build, None = as the environment says): format, type, NT,
-    registers, spill stores / loads (bytes), static shared memory (bytes)."""
+    switches apply): format, type, NT, registers, spill stores / loads (bytes), static shared
+    memory (bytes)."""
     nvcc = nvcc or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     src = source() + "\n"
     for t, name in sorted(_formats().items()):
@@ -641,7 +621,7 @@ def compile_report(arch: str = "sm_90", nvcc: str | None = None,
     with tempfile.TemporaryDirectory() as td:
         cu = os.path.join(td, "tf_mma.cu")
         Path(cu).write_text(src)
-        r = subprocess.run([nvcc, *_options(pdl_on(None) if pdl is None else pdl), f"-arch={arch}", "-cubin", "-Xptxas", "-v", cu,
+        r = subprocess.run([nvcc, *_options(), f"-arch={arch}", "-cubin", "-Xptxas", "-v", cu,
                             "-o", os.path.join(td, "tf_mma.cubin")], capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"nvcc failed:\n{r.stderr[-6000:]}")

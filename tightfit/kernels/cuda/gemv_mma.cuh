@@ -346,24 +346,6 @@ TF_DEV tf_mma_ix tf_mma_piece(tf_mma_ix items, tf_mma_ix nw, tf_mma_ix a, tf_mma
 // Only piece 0 can use slot 1: every later piece's warp starts after a (start(wf + 1) > a).
 
 #if TF_DEVICE
-// ------------------------------------------------------------------ PDL (tightfit/kernels/pdl.py)
-// Built with TF_PDL when gemv_mma.py launches with the PDL attribute (TIGHTFIT_MMA_PDL, default
-// on where pdl.enabled): every kernel below waits (tf_gdc_wait) before its first read of the
-// activations or the fixup workspace and its first write, and signals its dependents after its
-// main loop. Before the wait, tf_mma_rt asks L2 for the first TF_MMA_PF_STEPS steps of each of
-// its rows (weights: no kernel of the step writes them), one bulk request per row from lane t = 0.
-#ifndef TF_MMA_PF_STEPS
-#define TF_MMA_PF_STEPS 2
-#endif
-TF_DEV void tf_mma_pf(const uint8_t* p, uint32_t bytes) {
-#if TF_GDC
-  const uint64_t a = ((uint64_t)p + 15) & ~(uint64_t)15, e = ((uint64_t)p + bytes) & ~(uint64_t)15;
-  if (e > a) tf_prefetch_l2_bulk((const void*)a, (uint32_t)(e - a));
-#else
-  (void)p; (void)bytes;
-#endif
-}
-
 // ------------------------------------------------------------------ tensor-core primitives
 // One mma per group (the group's scales differ, so its integer dot must come out separately):
 // D = A . B + C with C = TF_MMA_CBIAS (per column: c[0], c[1] = columns 2t, 2t+1 of rows g and
@@ -726,7 +708,6 @@ tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float
       co[T][cc] = ce * (K >> 5);
     }
   }
-  tf_gdc_wait();
   while (it < iend) {                                        // warp-uniform
     const int tile = it / spt, s0 = it - tile * spt;
     const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
@@ -755,7 +736,6 @@ tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float
                          acc);
     it += s1 - s0;
   }
-  tf_gdc_launch_dependents();
 }
 
 // tf_mma_rt (opt-in, gemv_mma.py config "rt": 2; instantiated at NT = 1, RT = 2): tf_mma with
@@ -800,19 +780,6 @@ tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
       co[T][cc] = ce * (K >> 5);
     }
   }
-#if TF_GDC && TF_MMA_PF_STEPS > 0
-  if (t == 0 && it < iend) {               // the first steps' weights into L2, before the wait
-    const int tg = it / spt, s0 = it - tg * spt;
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt) {
-      const int ra = (tg * RT + rt) * 16 + g, rb = ra + 8;
-      const uint64_t off = (uint64_t)s0 * U * M::BB;
-      tf_mma_pf(W + (uint64_t)(ra < n_out ? ra : n_out - 1) * nb * M::BB + off, TF_MMA_PF_STEPS * U * M::BB);
-      tf_mma_pf(W + (uint64_t)(rb < n_out ? rb : n_out - 1) * nb * M::BB + off, TF_MMA_PF_STEPS * U * M::BB);
-    }
-  }
-#endif
-  tf_gdc_wait();
   while (it < iend) {                                        // warp-uniform
     const int tg = it / spt, s0 = it - tg * spt;
     const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
@@ -851,6 +818,5 @@ tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
                           acc);
     it += s1 - s0;
   }
-  tf_gdc_launch_dependents();
 }
 #endif  // TF_DEVICE

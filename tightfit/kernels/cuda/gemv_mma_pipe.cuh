@@ -114,7 +114,6 @@ tf_mma_pipe(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const 
     }
     tf_mmp_commit();
   }
-  tf_gdc_wait();     // the prologue's weight copies (no kernel writes them) overlap the wait
   int stage = 0;                                             // stage of the item computed next
   while (it < iend) {                                        // warp-uniform
     const int tg = it / spt, s0 = it - tg * spt;
@@ -163,7 +162,6 @@ tf_mma_pipe(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const 
                          acc);
     it += s1 - s0;
   }
-  tf_gdc_launch_dependents();
   tf_mmp_wait<0>();
 }
 #endif  // TF_DEVICE
