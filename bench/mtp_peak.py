@@ -7,6 +7,10 @@ Printed: each bill line, the arena, torch's peak reserved / allocated, and the p
 total - reserve (what the plan says the process may use besides its safety reserve).
 
     python3 bench/mtp_peak.py [--vram 24GiB] [--ctx 4096] [--tokens 96] [--path /tmp/seedmix-mtp.gguf]
+                              [--mode mtp|synth|plain]
+
+--mode synth: the plan without MTP and the free synthetic drafter forced to draft (the verify
+block's own memory); plain: the plan without MTP and plain greedy decoding (the baseline).
 """
 from __future__ import annotations
 
@@ -27,7 +31,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--path", default="/tmp/seedmix-mtp.gguf")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--mode", default="mtp", choices=("mtp", "synth", "plain"))
     a = ap.parse_args()
+    mtp = a.mode == "mtp"
     from tightfit.model.generate import make_model
     from tightfit.model.placed import plan_for
     from tightfit.plan.budget import parse_size
@@ -42,34 +48,40 @@ def main() -> int:
     budget = parse_size(a.vram)
     total_dev = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total_dev))
-    plan = plan_for(a.path, a.ctx, budget, mtp=True)
+    plan = plan_for(a.path, a.ctx, budget, mtp=mtp)
     lines = {l.key: l.bytes for l in plan.lines}
     t = time.time()
-    eng = load_engine(a.path, device="cuda", n_ctx=a.ctx, plan=plan, mtp=True)
+    eng = load_engine(a.path, device="cuda", n_ctx=a.ctx, plan=plan, mtp=mtp)
     load_s = time.time() - t
-    se = SpeculativeEngine(eng, SpecConfig(drafters=("mtp",), max_draft=4, mtp_draft=4,
-                                           adaptive=False, force_accept=0.8))
-    head = se.mtp_head
+    gen = eng.generate
+    head = None
+    if a.mode != "plain":
+        se = SpeculativeEngine(eng, SpecConfig(drafters=("mtp",) if mtp else ("synthetic",),
+                                               max_draft=4, mtp_draft=4, adaptive=False,
+                                               force_accept=0.8))
+        head, gen = se.mtp_head, se.generate
     prompt = list(range(1000, 1400))
     t = time.time()
-    last = list(se.generate(prompt, max_tokens=a.tokens, sampling=GREEDY))[-1]
+    last = list(gen(prompt, max_tokens=a.tokens, sampling=GREEDY))[-1]
     gen_s = time.time() - t
     torch.cuda.synchronize()
-    g = head.step_graph()
+    g = head.step_graph() if head is not None else None
     res = {
-        "vram": budget, "ctx": a.ctx, "lines": lines, "plan_total": plan.total_bytes,
+        "mode": a.mode, "vram": budget, "ctx": a.ctx, "lines": lines, "plan_total": plan.total_bytes,
         "reserve": lines.get("reserve", 0), "arena": plan.arena_bytes,
         "peak_reserved": torch.cuda.max_memory_reserved(),
         "peak_allocated": torch.cuda.max_memory_allocated(),
-        "mtp_line": lines.get("mtp", 0), "mtp_cache_bytes": head.new_cache().nbytes(),
-        "head_device_bytes": head.device_bytes, "graphs": 0 if g is None else len(g._graphs),
+        "mtp_line": lines.get("mtp", 0),
+        "mtp_cache_bytes": head.new_cache().nbytes() if head is not None else 0,
+        "head_device_bytes": head.device_bytes if head is not None else 0, "graphs": 0 if g is None else len(g._graphs),
         "replays": 0 if g is None else g.replays, "tokens": len(last.tokens),
         "load_s": load_s, "generate_s": gen_s,
-        "draft_n": last.timings.as_dict()["drafters"].get("mtp", {}).get("draft_n", 0),
+        "draft_n": sum(v.get("draft_n", 0) for v in
+                       last.timings.as_dict().get("drafters", {}).values()),
     }
     res["limit"] = res["plan_total"] - res["reserve"]
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "mtp_peak.json"), "w") as f:
+    with open(os.path.join(a.out, f"mtp_peak_{a.mode}.json"), "w") as f:
         json.dump(res, f, indent=1)
     gib = 2 ** 30
     for k, v in lines.items():
@@ -81,7 +93,7 @@ def main() -> int:
           f"{res['peak_allocated'] / gib:.3f} GiB; plan total - reserve {res['limit'] / gib:.3f} GiB: "
           f"{'WITHIN' if res['peak_reserved'] <= res['limit'] else 'OVER'} "
           f"({(res['peak_reserved'] - res['limit']) / 2**20:+.0f} MiB)")
-    print(f"MTP: {res['graphs']} graphs, {res['replays']} replays, {res['draft_n']} drafted; "
+    print(f"{a.mode}: {res['graphs']} MTP graphs, {res['replays']} replays, {res['draft_n']} drafted; "
           f"{res['tokens']} tokens in {gen_s:.1f} s; load {load_s:.1f} s")
     return 0 if res["peak_reserved"] <= res["limit"] else 1
 
