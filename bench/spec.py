@@ -165,7 +165,7 @@ def first_diff(a: list[int], b: list[int]) -> int | None:
 
 
 def load(path: str, device: str, n_ctx: int, gpu_executor: bool = True, vram: str | None = None,
-         mtp: bool = False):
+         mtp: bool = False, batch: int = 1):
     """The engine of `path` on `device`; on the CPU with gpu_executor the GPU executor's torch
     fallbacks (GPUModel without Triton: the verify block's code path, as a smoke test). vram (e.g.
     '8GiB'): placed under that budget, the rest of the rows on the host (issue 5's split). mtp: the
@@ -180,8 +180,8 @@ def load(path: str, device: str, n_ctx: int, gpu_executor: bool = True, vram: st
                       from_gguf(mf.gguf.metadata), n_ctx=n_ctx)
     from tightfit.runtime.loader import load_engine
     kw = {"mtp": True} if mtp and os.environ.get("TIGHTFIT_MTP_HELD", "1") != "0" else {}
-    if vram:
-        return load_engine(path, device=device, n_ctx=n_ctx, vram=vram, **kw)
+    if vram:     # the plan prices verify blocks of up to `batch` tokens (its `verify` region)
+        return load_engine(path, device=device, n_ctx=n_ctx, vram=vram, batch=batch, **kw)
     return load_engine(path, device=device, n_ctx=n_ctx, **kw)
 
 
@@ -277,8 +277,10 @@ def main() -> int:
     t_start = time.time()
 
     path = build_model(a)
+    ks = [int(k) for k in a.synth_k.split(",") if k]
     engine = load(path, a.device, a.n_ctx, gpu_executor=a.gpu_executor, vram=a.vram,
-                  mtp=a.mtp or a.forced_drafter == "mtp")
+                  mtp=a.mtp or a.forced_drafter == "mtp",
+                  batch=max(ks + [a.max_draft, a.mtp_draft]) + 1)
     dev = a.device
     print(f"model {path} device {dev} executor {type(engine.model).__name__} "
           f"(load+generate {time.time() - t_start:.1f}s)", flush=True)

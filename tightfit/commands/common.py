@@ -52,9 +52,11 @@ def resolve_model(a: argparse.Namespace) -> str:
     return str(path)
 
 
-def load_from_args(a: argparse.Namespace, path: str | None = None, mtp: bool = False):
+def load_from_args(a: argparse.Namespace, path: str | None = None, mtp: bool = False,
+                   batch: int = 1):
     """The engine the model arguments describe (every generating command loads through here).
-    `mtp`: load the MTP block for the MTP drafter too (serve --spec ...,mtp; see load_engine)."""
+    `mtp`: load the MTP block for the MTP drafter too (serve --spec ...,mtp; see load_engine);
+    `batch`: the largest speculative verify block (with --vram the plan prices its buffers)."""
     from tightfit.runtime.loader import load_engine
     if a.threads:
         import torch
@@ -62,4 +64,6 @@ def load_from_args(a: argparse.Namespace, path: str | None = None, mtp: bool = F
     kw = {"vram": a.vram} if getattr(a, "vram", None) else {}
     if mtp:
         kw["mtp"] = True
+    if batch > 1 and getattr(a, "vram", None):
+        kw["batch"] = int(batch)
     return load_engine(path or resolve_model(a), device=a.device, n_ctx=a.ctx_size, kv_type=a.kv_type, **kw)

@@ -80,7 +80,9 @@ def main(a: argparse.Namespace) -> int:
     want_mtp = drafters is not None and "mtp" in drafters and a.device.startswith("cuda")
 
     def loader():
-        engine = load_from_args(a, path, mtp=want_mtp)
+        # a verify block is the last token + up to --draft-max drafts
+        engine = load_from_args(a, path, mtp=want_mtp,
+                                batch=a.draft_max + 1 if drafters is not None else 1)
         if drafters is None:
             return engine
         from tightfit.runtime.spec import build_speculative

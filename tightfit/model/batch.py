@@ -427,11 +427,14 @@ class BatchForward:
         use = self.use_verify_graph
         if use is None:
             use = VG.enabled_for(self.m.device)
-        if not use or type(self) is not BatchForward or not VG.VerifyGraph.supports(self.m, st, n):
+        # a subclass (placed.PlacedBatch) computes host rows its own way: only without any
+        if not use or (type(self) is not BatchForward and getattr(self.m, "hostw", None)) or \
+                not VG.VerifyGraph.supports(self.m, st, n):
             return None
         if self._vg is None or self._vg.m_max < n:
             self._vg = None
-            self._vg = VG.VerifyGraph(self.m, n)
+            # a placed model carves the plan's region once, at the planned size
+            self._vg = VG.VerifyGraph(self.m, VG.planned_tokens(self.m) or n)
         return self._vg
 
     def forward_block(self, ids: Sequence[int], st: Any, keep_states: bool = True) -> Block:

@@ -73,17 +73,19 @@ def vram_bytes(vram: int | str, device: str | torch.device = "cuda") -> int:
 def plan_for(path: str | os.PathLike, ctx: int, vram: int | str, *, kv_type: str = "f16",
              host_embd: str = "auto", device: str | torch.device = "cuda",
              reserve: int | None = None, prefill_chunk: int = 512, split: bool = True,
-             check: bool = True, mtp: bool = False):
+             check: bool = True, mtp: bool = False, batch: int = 1):
     """The plan of `path` at `ctx` within `vram` bytes; PlanError if it cannot fit (the message
     says what would), unless check=False. `mtp`: the MTP drafter's block, KV cache and scratch are
-    in the plan too, and the whole model must then fit on the GPU (without it: MTP excluded)."""
+    in the plan too, and the whole model must then fit on the GPU (without it: MTP excluded).
+    `batch` > 1: speculative verify blocks of up to that many tokens (the captured block's
+    buffers are a region of the arena: the `verify` line)."""
     from tightfit.plan.budget import PlanOptions, plan_model, require_fit
     from tightfit.plan.placement import inventory_from_gguf
     inv = inventory_from_gguf(path)
     plan = plan_model(inv, PlanOptions(ctx=int(ctx), available=vram_bytes(vram, device),
                                        kv_type=kv_type, host_embd=host_embd, split=split,
                                        prefill_chunk=prefill_chunk, reserve=reserve,
-                                       include_mtp=mtp))
+                                       include_mtp=mtp, batch=int(batch)))
     return require_fit(plan) if check else plan
 
 

@@ -97,6 +97,24 @@ def act_specs(layout: int, k: int, m: int) -> list[tuple[str, tuple[int, ...], s
     return [(s, (m,) + tuple(sh[1:]), dt) for s, sh, dt in act_buffers(layout, k)]
 
 
+def plan_layouts(mats) -> dict[str, tuple[int, ...]]:
+    """{input: block layouts} of the trunk matrices (name, ggml type, row length) that take the
+    quantized GEMV (as executor.Linear.classify decides on the GPU): what VerifyGraph finds in
+    an executor's `lin`, computed from a model file's inventory for the plan. {} without the
+    GEMV module."""
+    try:
+        from tightfit.kernels import gemv as gm
+    except Exception:  # noqa: BLE001 - no GEMV module: no quantized matrices
+        return {}
+    out: dict[str, set] = {}
+    for name, qtype, n_in in mats:
+        inp = matrix_input(name)
+        if inp is None or qtype in gm.FLOAT_TYPES or qtype not in gm.QUANT_TYPES or n_in % 256:
+            continue
+        out.setdefault(inp, set()).add(block_layout(qtype))
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
 def verify_buffers(cfg: Any, m: int, ctx: int, chunk: int,
                    layouts: dict[str, tuple[int, ...]] | None = None) -> list[Buf]:
     """Every device buffer of the verify block for up to m tokens (carving order)."""
@@ -140,6 +158,21 @@ class _Views:
             setattr(self, n[2:], t[:M])
 
 
+def planned_tokens(model: Any) -> int:
+    """Tokens of the plan's verify region of a placed model (0: none, or not placed)."""
+    placed = getattr(model, "placed", None)
+    if placed is None or "verify" not in getattr(placed.arena, "regions", {}):
+        return 0
+    return int(placed.plan.options.batch)
+
+
+def planned_region(model: Any) -> torch.Tensor | None:
+    """The plan's verify region (arena bytes) of a placed model, else None."""
+    if not planned_tokens(model):
+        return None
+    return model.placed.arena.region("verify")
+
+
 class VerifyGraph:
     def __init__(self, model: Any, m_max: int):
         if not 1 <= m_max <= MAX_M:
@@ -157,7 +190,14 @@ class VerifyGraph:
         self.bufs = verify_buffers(c, self.m_max, model.n_ctx, model.chunk,
                                    {k: tuple(sorted(v)) for k, v in layouts.items()})
         offs, packed = pack(self.bufs)
-        self.region = torch.empty(packed, dtype=torch.uint8, device=model.device)   # ONE allocation
+        planned = planned_region(model)
+        if planned is not None:          # a placed model: the plan's `verify` region
+            if packed > planned.numel():
+                raise StateError(f"the verify block of {self.m_max} tokens needs {packed} B; "
+                                 f"the plan's verify region holds {planned.numel()} B")
+            self.region = planned[:packed]
+        else:
+            self.region = torch.empty(packed, dtype=torch.uint8, device=model.device)   # ONE allocation
         self.ws: dict[str, torch.Tensor] = {}
         for bf in self.bufs:
             t = self.region[offs[bf.name]:offs[bf.name] + bf.nbytes].view(_DT[bf.dtype]).view(bf.shape)
@@ -188,9 +228,12 @@ class VerifyGraph:
 
     @staticmethod
     def supports(model: Any, st: Any, n: int) -> bool:
-        """Whether the block of n tokens on this model/state can take the graph path."""
-        if not 1 <= n <= MAX_M or getattr(model, "hostw", None) or \
-                getattr(model, "placed", None) is not None or not hasattr(model, "op_norm"):
+        """Whether the block of n tokens on this model/state can take the graph path. A placed
+        model takes it when it has no host rows and its plan priced a verify region of >= n
+        tokens (PlanOptions.batch)."""
+        if not 1 <= n <= MAX_M or getattr(model, "hostw", None) or not hasattr(model, "op_norm"):
+            return False
+        if getattr(model, "placed", None) is not None and n > planned_tokens(model):
             return False
         if getattr(st, "kv_type", None) or getattr(model, "kv_type", None):
             return False

@@ -368,7 +368,28 @@ def _fixed_lines(cfg: Qwen35Config, o: PlanOptions,
     lines = {"kv_cache": kv, "recurrent_state": state, "workspace": ws, "scratch": scratch}
     if o.include_mtp:              # absent otherwise: plans without MTP stay as they were
         lines["mtp"] = _mtp_line(cfg, o.ctx)
+    if o.batch > 1:                # speculation: the captured verify block's own buffers
+        lines["verify"] = _verify_line(cfg, o, inv)
     return lines
+
+
+def _verify_line(cfg: Qwen35Config, o: PlanOptions, inv: ModelInventory | None) -> BillLine:
+    """The captured verify block of up to `batch` tokens (tightfit.model.verify_graph): every
+    buffer it carves, ONE list with the runtime (verify_buffers), as an arena region. The
+    per-position recurrent states dominate: n_gdn_layers x (batch - 1) x Hv x S x S x 4 B."""
+    from tightfit.model.verify_graph import plan_layouts, verify_buffers
+    mats = []
+    if inv is not None:
+        mats = [(t.name, t.qtype, t.ne[0]) for t in inv.needed(False) if t.is_matrix]
+    bufs = verify_buffers(cfg, o.batch, o.ctx, o.attn_chunk, plan_layouts(mats))
+    _offs, packed = pack(bufs)
+    by = {b.name: b.nbytes for b in bufs}
+    return BillLine("verify", f"Speculative verify block ({o.batch} tokens, captured)",
+                    sum(by.values()),
+                    "verify_buffers(batch): activations, logits [batch, V], attention partials, "
+                    "conv rows, per-position SSM states n_gdn x (batch-1) x Hv x S x S x 4",
+                    {"tokens": o.batch, "ssm_states": by.get("v_ssm_pos", 0),
+                     "logits": by.get("v_logits", 0)}, region=packed)
 
 
 def _mtp_line(cfg: Qwen35Config, ctx: int) -> BillLine:
@@ -452,6 +473,8 @@ class Plan:
         bank = self.line("recurrent_state").bytes // STATE_BANKS
         regions += [(f"recurrent_state.bank{i}", bank) for i in range(STATE_BANKS)]
         regions += [(k, self.line(k).region_bytes) for k in ("workspace", "scratch", "staging")]
+        if any(l.key == "verify" for l in self.lines):
+            regions.append(("verify", self.line("verify").region_bytes))
         for name, n in regions:
             out.append((name, off, n))
             off = align_up(off + n)
@@ -623,7 +646,8 @@ def plan_model(inv: ModelInventory, o: PlanOptions) -> Plan:
                           + region_pad, "sum(align_up(region) - region)",
                           {"weights": placement.padding_bytes, "other_regions": region_pad}))
     lines += [fixed["kv_cache"], fixed["recurrent_state"], fixed["workspace"], fixed["scratch"],
-              *([fixed["mtp"]] if "mtp" in fixed else []), staging,
+              *([fixed["mtp"]] if "mtp" in fixed else []),
+              *([fixed["verify"]] if "verify" in fixed else []), staging,
               BillLine("reserve", "Safety reserve", s.reserve,
                        "override" if o.reserve is not None else
                        f"{RESERVE_FIXED // MiB} MiB + {RESERVE_FRACTION:.0%} of available")]

@@ -16,7 +16,7 @@ KV_DTYPES = {"f16": "float16", "f32": "float32"}
 
 def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, kv_type: str = "f16",
                 vram: int | str | None = None, plan: Any = None, host_embd: str = "auto",
-                progress: bool | None = None, mtp: bool = False, **kw: Any):
+                progress: bool | None = None, mtp: bool = False, batch: int = 1, **kw: Any):
     """`vram` (bytes, '16GiB', or 'auto' = the device's free memory) or a ready `plan`
     (tightfit.plan.plan_model of this file) place the weights for device='cuda': one device arena
     sized by the plan, host rows read from the mmap (tightfit.model.placed). Without either,
@@ -57,7 +57,8 @@ def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, kv_typ
         if plan is None and vram is not None:
             from tightfit.model.placed import plan_for
             plan = plan_for(path, n_ctx or min(mf.config.n_ctx_train, 4096), vram,
-                            kv_type=kv_type, host_embd=host_embd, device=device, mtp=mtp)
+                            kv_type=kv_type, host_embd=host_embd, device=device, mtp=mtp,
+                            batch=batch)
         if plan is not None:
             n_ctx = n_ctx or plan.options.ctx
             kw.update(plan=plan, progress=progress)

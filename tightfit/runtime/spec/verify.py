@@ -327,7 +327,11 @@ class BlockVerifier:
         # against 21.6 for 9 on the device (session 13), and the policy's linear cost model then
         # settled on 1-token drafts
         from tightfit.model.batch import GEMV_MAX_M
+        from tightfit.model.verify_graph import planned_tokens
         self.max_draft = GEMV_MAX_M - 1
+        planned = planned_tokens(model)
+        if planned:              # a placed model: the blocks its plan priced (PlanOptions.batch)
+            self.max_draft = min(self.max_draft, planned - 1)
 
     def prefill(self, ids: Sequence[int], state, chunk: int = 512, want_hidden: bool = True):
         """Feed prompt tokens; (logits of the last one, normed hidden of every one or None)."""
