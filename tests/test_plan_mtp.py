@@ -213,7 +213,8 @@ def test_load_engine_refuses_plan_without_mtp(tiny_gguf):
                                               ("ngram,suffix", "cuda", False)])
 def test_serve_asks_for_mtp(tiny_gguf, monkeypatch, spec, device, want):
     """serve --spec ...,mtp on cuda loads the MTP block (through load_from_args -> load_engine);
-    the server itself is stubbed: only the loader it is given is run."""
+    with --vram it also plans verify blocks of --draft-max + 1 tokens; the server itself is
+    stubbed: only the loader it is given is run."""
     import uvicorn
 
     import tightfit.runtime.loader as loader_mod
@@ -237,3 +238,9 @@ def test_serve_asks_for_mtp(tiny_gguf, monkeypatch, spec, device, want):
     assert rc == 0 and len(loaders) == 1
     assert loaders[0]() == "engine"
     assert calls[0].get("mtp", False) is want
+    assert "batch" not in calls[0]                      # no --vram: no plan to price it in
+    if device == "cuda":
+        rc = main(["serve", "-m", str(tiny_gguf), "--port", "0", "--device", device, "--spec", spec,
+                   "--vram", "8GiB", "--draft-max", "5"])
+        assert rc == 0 and loaders[1]() == "engine"
+        assert calls[1]["batch"] == 6 and calls[1]["vram"] == "8GiB"
