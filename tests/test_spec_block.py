@@ -83,7 +83,7 @@ def test_greedy_identical_to_plain_gpumodel(engine):
 
 
 def test_block_prefill_hidden_rows_give_the_logits(engine):
-    """BlockVerifier.prefill(want_hidden) chunks through forward_block: its hidden rows are
+    """BlockVerifier.prefill(want_hidden) (the executor's prefill_hidden): its hidden rows are
     output_norm(h) (the LM head of them gives the plain logits) and its last row the last logits."""
     ids = list(range(30, 30 + 150))
     ver = BlockVerifier(engine.model, hidden_chunk=64)

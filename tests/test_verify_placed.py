@@ -101,3 +101,25 @@ def test_the_block_verifier_drafts_within_the_plan(tiny):
         assert BlockVerifier(exe).max_draft == 15         # no region: the eager block, as before
     finally:
         mf.close()
+
+
+def test_speculation_never_moves_weights_to_the_host(tiny):
+    """A budget that holds the model whole but not the captured block beside it: the plan keeps
+    every weight on the GPU and prices a smaller block (9 -> 5 -> 3 tokens), or none."""
+    inv = inventory_from_gguf(tiny)
+
+    def plan(batch, available):
+        return plan_model(inv, PlanOptions(ctx=128, available=available, reserve=0,
+                                           prefill_chunk=16, host_embd="no", batch=batch))
+    base = plan(1, 1 << 32)
+    at3 = plan(3, 1 << 32)
+    got = plan(9, at3.total_bytes)                  # room for a 3-token block, not a 5-token one
+    assert got.fits and got.placement.host_bytes == 0
+    assert got.options.batch == 3 and got.line("verify").details["tokens"] == 3
+    assert any("priced for 3 tokens, not 9" in n for n in got.notes)
+    none = plan(9, base.total_bytes)                # room for the model alone
+    assert none.fits and none.placement.host_bytes == 0 and none.options.batch == 1
+    assert "verify" not in {l.key for l in none.lines}
+    assert any("no captured verify block" in n for n in none.notes)
+    wide = plan(40, 1 << 32)                        # past 16 tokens blocks are never captured
+    assert wide.line("verify").details["tokens"] == 16

@@ -163,7 +163,7 @@ def planned_tokens(model: Any) -> int:
     placed = getattr(model, "placed", None)
     if placed is None or "verify" not in getattr(placed.arena, "regions", {}):
         return 0
-    return int(placed.plan.options.batch)
+    return min(int(placed.plan.options.batch), MAX_M)
 
 
 def planned_region(model: Any) -> torch.Tensor | None:

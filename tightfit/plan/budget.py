@@ -5,6 +5,7 @@
               + persistent workspace + max(prefill scratch, decode scratch)
               + staging buffers + safety reserve
               [+ MTP drafter: its KV cache + step scratch, with PlanOptions.include_mtp]
+              [+ captured verify block of `batch` tokens, with PlanOptions.batch > 1]
 
 Every line is derived from the geometry in `Qwen35Config` and the exact byte counts of the tensors;
 each formula is written next to its code and repeated in the line's `formula` text. The planner
@@ -377,18 +378,19 @@ def _verify_line(cfg: Qwen35Config, o: PlanOptions, inv: ModelInventory | None) 
     """The captured verify block of up to `batch` tokens (tightfit.model.verify_graph): every
     buffer it carves, ONE list with the runtime (verify_buffers), as an arena region. The
     per-position recurrent states dominate: n_gdn_layers x (batch - 1) x Hv x S x S x 4 B."""
-    from tightfit.model.verify_graph import plan_layouts, verify_buffers
+    from tightfit.model.verify_graph import MAX_M, plan_layouts, verify_buffers
     mats = []
     if inv is not None:
         mats = [(t.name, t.qtype, t.ne[0]) for t in inv.needed(False) if t.is_matrix]
-    bufs = verify_buffers(cfg, o.batch, o.ctx, o.attn_chunk, plan_layouts(mats))
+    m = min(o.batch, MAX_M)        # longer blocks leave the skinny GEMV: never captured
+    bufs = verify_buffers(cfg, m, o.ctx, o.attn_chunk, plan_layouts(mats))
     _offs, packed = pack(bufs)
     by = {b.name: b.nbytes for b in bufs}
-    return BillLine("verify", f"Speculative verify block ({o.batch} tokens, captured)",
+    return BillLine("verify", f"Speculative verify block ({m} tokens, captured)",
                     sum(by.values()),
                     "verify_buffers(batch): activations, logits [batch, V], attention partials, "
                     "conv rows, per-position SSM states n_gdn x (batch-1) x Hv x S x S x 4",
-                    {"tokens": o.batch, "ssm_states": by.get("v_ssm_pos", 0),
+                    {"tokens": m, "ssm_states": by.get("v_ssm_pos", 0),
                      "logits": by.get("v_logits", 0)}, region=packed)
 
 
@@ -613,7 +615,36 @@ def plan_model(inv: ModelInventory, o: PlanOptions) -> Plan:
     host (`--host-embd auto`; one row per token is decoded on the CPU), (2) output-row splits of
     matrices in `rowsplit.split_candidates` order. Never touches ctx or the KV format. If even
     that does not fit, the prefill chunk is halved (down to MIN_PREFILL_CHUNK) until the bill
-    fits: the plan's options then carry the smaller chunk (BatchForward takes it) and a note."""
+    fits: the plan's options then carry the smaller chunk (BatchForward takes it) and a note.
+
+    Speculation (`batch` > 1) never costs the plain decode: when the captured verify block's
+    region would move weights to the host (or stop the plan fitting) where the plan without it
+    does not, the block shrinks (batch 9 -> 5 -> 3 -> 2) and, if none is free, is left out
+    (verify blocks then run eagerly); the plan's options carry the batch it priced, and a note."""
+    plan = _plan_at(inv, o)
+    if o.batch <= 1:
+        return plan
+    base = _plan_at(inv, replace(o, batch=1))
+    b = o.batch
+    while b > 1 and _costs_decode(plan, base):
+        b = 1 if b == 2 else (b + 1) // 2
+        plan = base if b == 1 else _plan_at(inv, replace(o, batch=b))
+    if b < o.batch:
+        plan.notes.append(
+            f"speculative verify blocks priced for {b} tokens, not {o.batch}: a larger captured "
+            "block would move weights to the host" if b > 1 else
+            "no captured verify block: its region would move weights to the host; speculative "
+            "verify blocks run eagerly (slow: drop --spec or give more VRAM)")
+    return plan
+
+
+def _costs_decode(plan: Plan, base: Plan) -> bool:
+    """Whether `plan` places weights worse than `base` (the same options without speculation)."""
+    return ((base.fits and not plan.fits) or plan.placement.host_bytes > base.placement.host_bytes
+            or (plan.host_embd and not base.host_embd))
+
+
+def _plan_at(inv: ModelInventory, o: PlanOptions) -> Plan:
     cfg = inv.config
     o.validate(cfg)
     asked = o.prefill_chunk

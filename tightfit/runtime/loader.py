@@ -62,9 +62,7 @@ def load_engine(path: str, device: str = "cpu", n_ctx: int | None = None, kv_typ
         if plan is not None:
             n_ctx = n_ctx or plan.options.ctx
             kw.update(plan=plan, progress=progress)
-        if mtp:                    # only when asked: the executor's keyword is new
-            kw["mtp"] = True
-        model = GPUModel.from_model_file(mf, device=device, n_ctx=n_ctx, **kw)
+        model = GPUModel.from_model_file(mf, device=device, n_ctx=n_ctx, mtp=mtp, **kw)
     else:
         raise UserError(f"unknown device {device!r} (use 'cpu' or 'cuda[:N]')")
     tok = from_gguf(mf.gguf.metadata)

@@ -17,9 +17,12 @@ queued (`observe`) and processed lazily in one batch when the head is next asked
 idle MTP costs nothing while another drafter is chosen.
 
 Embedding and LM head come from the target (the ReferenceModel's `_embed`/`_lin`, no second copy)
-or from callables (`embed_fn`, `head_fn`) for other executors; on the GPU executor
-(`MTPHead.on_gpu_model`) the LM head is the executor's own (raw GGUF bytes, CUDA GEMV) and the
-block, which the executor does not load, is dequantized once to bf16.
+or from callables (`embed_fn`, `head_fn`) for other executors. On the GPU executor
+(`MTPHead.on_gpu_model`) the LM head is the executor's own (raw GGUF bytes, CUDA GEMV), and so is
+the block when the executor holds it (GPUModel(mtp=True), or a plan made with MTP that prices its
+KV cache and scratch: tightfit.plan.mtp); its one-token steps then replay as CUDA graphs
+(tightfit.runtime.spec.mtp_graph). An unplanned executor without the block gets it dequantized
+once to bf16.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(ms + eps).to(x.dtype) * w.to(x.dtype)
 
 
-def _decode_attention(model: Any) -> tuple | None:
+def _decode_attention(model: Any) -> tuple:
     """The executor's fp16 decode attention for the MTP step (tightfit.kernels.attn_decode): the
     Triton kernel with the executor's split-K workspace when its KV cache is fp16 and its
     context is past one pass (both run on one stream, one after the other: the workspace is
@@ -447,15 +450,6 @@ class MTPDrafter:
         if rng is not None:
             self.rng = rng
 
-    def begin(self, base: int, hidden: torch.Tensor | None, next_tokens: Sequence[int],
-              sampling: SamplingParams | None = None, rng: np.random.Generator | None = None) -> None:
-        """New request: the KV starts at position `base`; hidden[i] (position base+i) was followed
-        by next_tokens[i]; a hidden row past the last next token stays open (`follow`)."""
-        self.reset(base)
-        self.set_sampling(sampling, rng)
-        if hidden is not None:
-            self.feed(hidden, [0] + [int(t) for t in next_tokens][: max(0, hidden.shape[0] - 1)])
-
     def feed(self, hidden: torch.Tensor, tokens: Sequence[int]) -> None:
         """Target hidden rows of consecutive positions n_pos.. and the tokens AT those positions
         (a prompt chunk): the open row pairs with tokens[0], row i with tokens[i+1], and the last
@@ -580,8 +574,8 @@ class MTPDrafter:
         if self.cache.fixed:             # the planned cache never grows: stop at its end
             limit = min(limit, self.cache.capacity - (self.n_true + n - 1))
             if limit <= 0 or self.n_true + n > self.cache.capacity:
-                self._ph, self._pt = [], []
-                self.reset(self.n_pos)   # past the planned context: nothing more to draft
+                pos = self.n_pos
+                self.reset(pos)          # past the planned context: nothing more to draft
                 return None
         greedy = self.p_min <= 0.0 and (self.sampling is None or self.sampling.greedy)
         graph = self.head.step_graph() if greedy else None

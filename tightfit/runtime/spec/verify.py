@@ -342,14 +342,9 @@ class BlockVerifier:
                 final = i + chunk >= len(ids)
                 last = self.model.forward(ids[i:i + chunk], state, logits="last" if final else "none")
             return _np(last)[-1], None
-        hs, blk = [], None
-        step = max(1, self.hidden_chunk)
-        for i in range(0, len(ids), step):
-            part = ids[i:i + step]
-            blk = self.model.forward_block(part, state, keep_states=False)
-            blk.commit(len(part))
-            hs.append(blk.hidden)
-        return blk.row(blk.n_rows - 1), torch.cat(hs, 0)
+        hs: list[torch.Tensor] = []
+        last = self.prefill_into(ids, state, lambda rows, part: hs.append(rows))
+        return last, torch.cat(hs, 0)
 
     def prefill_into(self, ids: Sequence[int], state, sink) -> np.ndarray:
         """Feed prompt tokens through the executor's own prefill (prefill_hidden: the plain
