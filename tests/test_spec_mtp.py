@@ -256,14 +256,18 @@ def test_gpu_model_head_matches_independent_numpy(gpu_engine, mtp_path):
     assert all(head.w[n].dtype == torch.bfloat16 for n in mats)
     assert "output.weight" not in head.w and "token_embd.weight" not in head.w   # no head copy
     assert head.device_bytes == sum(v.numel() * v.element_size() for v in head.w.values())
-    g = np.random.default_rng(1)
-    n = 5
+    err = head_error(head, cfg, mtp_path, seed=1)
+    assert err < 3e-2, err
+
+
+def head_error(head, cfg, path, seed: int, n: int = 5) -> float:
+    """Max |head.forward - float64 NumPy graph| / std over n random pairs (fresh cache)."""
+    g = np.random.default_rng(seed)
     h = g.normal(size=(n, cfg.n_embd))
     toks = g.integers(0, cfg.n_vocab, n).tolist()
-    want = _np_mtp(_gguf_tensors(mtp_path), cfg, h, toks)
+    want = _np_mtp(_gguf_tensors(path), cfg, h, toks)
     got, _ = head.forward(torch.tensor(h, dtype=torch.float32), toks, head.new_cache(), 0)
-    err = np.abs(got.cpu().numpy() - want).max() / want.std()
-    assert err < 3e-2, err
+    return float(np.abs(got.cpu().numpy() - want).max() / want.std())
 
 
 def test_gpu_model_head_refuses_a_placed_model(gpu_engine):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tightfit.runtime.sampler import GREEDY
-from test_spec_mtp import N_CTX, _gguf_tensors, _np_mtp
+from test_spec_mtp import N_CTX, head_error
 
 
 @pytest.fixture(scope="module")
@@ -79,15 +79,7 @@ def test_the_executor_holds_the_block_and_the_head_copies_nothing(held):
 
 
 def test_raw_block_head_matches_independent_numpy(held, mtp_path):
-    cfg = held.config
-    head = _head(held)
-    g = np.random.default_rng(7)
-    n = 5
-    h = g.normal(size=(n, cfg.n_embd))
-    toks = g.integers(0, cfg.n_vocab, n).tolist()
-    want = _np_mtp(_gguf_tensors(mtp_path), cfg, h, toks)
-    got, _ = head.forward(torch.tensor(h, dtype=torch.float32), toks, head.new_cache(), 0)
-    err = np.abs(got.cpu().numpy() - want).max() / want.std()
+    err = head_error(_head(held), held.config, mtp_path, seed=7)
     assert err < 1e-3, err
 
 

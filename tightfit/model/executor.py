@@ -1072,12 +1072,8 @@ class GPUModel:
         failing chunk, for the batched path)."""
         if logits not in LOGITS_MODES:
             raise UserError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
-        if not isinstance(state, GPUState) or state.config != self.config \
-                or state.kv_type != self.kv_type:
-            raise StateError("state was created for a different model (or KV cache type)")
-        ids = self._token_ids(tokens)
+        ids = self._checked_ids(tokens, state)
         n = len(ids)
-        state.check_usable(n)
         if n > 1 and self.batched:
             if state.device.type == "cuda":
                 state.sync()               # a pending step failure must not be committed over
@@ -1100,17 +1096,22 @@ class GPUModel:
             state.sync()
         return out
 
+    def _checked_ids(self, tokens: Sequence[int] | torch.Tensor, state: GPUState) -> list[int]:
+        """The token ids, once the state is this model's and has room for them."""
+        if not isinstance(state, GPUState) or state.config != self.config \
+                or state.kv_type != self.kv_type:
+            raise StateError("state was created for a different model (or KV cache type)")
+        ids = self._token_ids(tokens)
+        state.check_usable(len(ids))
+        return ids
+
     def prefill_hidden(self, tokens: Sequence[int] | torch.Tensor, state: GPUState,
                        sink) -> torch.Tensor:
         """forward(tokens, state, 'last') (the same prefill: batched chunks, or the step for one
         token) that also hands the normed hidden rows of every token to sink(rows [m, E], ids)
         chunk by chunk (the MTP drafter's input). Returns [1, V] fp32 logits of the last token."""
-        if not isinstance(state, GPUState) or state.config != self.config \
-                or state.kv_type != self.kv_type:
-            raise StateError("state was created for a different model (or KV cache type)")
-        ids = self._token_ids(tokens)
+        ids = self._checked_ids(tokens, state)
         n = len(ids)
-        state.check_usable(n)
         if n > 1 and self.batched:
             if state.device.type == "cuda":
                 state.sync()

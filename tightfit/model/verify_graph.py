@@ -100,19 +100,9 @@ def act_specs(layout: int, k: int, m: int) -> list[tuple[str, tuple[int, ...], s
 def plan_layouts(mats) -> dict[str, tuple[int, ...]]:
     """{input: block layouts} of the trunk matrices (name, ggml type, row length) that take the
     quantized GEMV (as executor.Linear.classify decides on the GPU): what VerifyGraph finds in
-    an executor's `lin`, computed from a model file's inventory for the plan. {} without the
-    GEMV module."""
-    try:
-        from tightfit.kernels import gemv as gm
-    except Exception:  # noqa: BLE001 - no GEMV module: no quantized matrices
-        return {}
-    out: dict[str, set] = {}
-    for name, qtype, n_in in mats:
-        inp = matrix_input(name)
-        if inp is None or qtype in gm.FLOAT_TYPES or qtype not in gm.QUANT_TYPES or n_in % 256:
-            continue
-        out.setdefault(inp, set()).add(block_layout(qtype))
-    return {k: tuple(sorted(v)) for k, v in out.items()}
+    an executor's `lin`, computed from a model file's inventory for the plan."""
+    from tightfit.plan.buffers import act_layouts
+    return act_layouts(mats, layout_of=block_layout)
 
 
 def verify_buffers(cfg: Any, m: int, ctx: int, chunk: int,

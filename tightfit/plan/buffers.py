@@ -82,22 +82,26 @@ def matrix_input(name: str) -> str | None:
     return None
 
 
-def act_layouts(matrices: Iterable[tuple[str, int, int]]) -> dict[str, tuple[int, ...]]:
+def act_layouts(matrices: Iterable[tuple[str, int, int]],
+                layout_of=None) -> dict[str, tuple[int, ...]]:
     """{input buffer: activation layouts} that the quantized GEMV needs, from (name, ggml type,
     row length) of every matrix with device rows. A matrix takes the quantized path when
     tightfit.kernels.gemv has a kernel for its type and its rows are whole 256-blocks (as
-    executor.Linear decides); F32/F16/BF16 matrices read the fp32 activations directly."""
+    executor.Linear decides); F32/F16/BF16 matrices read the fp32 activations directly.
+    `layout_of(qtype)`: the layout a matrix's input takes (default: the one-token step's,
+    gemv_route.act_layout; the verify block passes its own, verify_graph.block_layout)."""
     try:
         from tightfit.kernels import gemv as gm
         from tightfit.kernels.gemv_route import act_layout
     except Exception:  # noqa: BLE001 - no GEMV module: every matrix runs the reference path
         return {}
+    layout_of = layout_of or act_layout
     out: dict[str, set[int]] = {}
     for name, qtype, n_in in matrices:
         inp = matrix_input(name)
         if inp is None or qtype in gm.FLOAT_TYPES or qtype not in gm.QUANT_TYPES or n_in % 256:
             continue
-        out.setdefault(inp, set()).add(act_layout(qtype))
+        out.setdefault(inp, set()).add(layout_of(qtype))
     return {k: tuple(sorted(v)) for k, v in out.items()}
 
 
