@@ -123,3 +123,6 @@ def test_speculation_never_moves_weights_to_the_host(tiny):
     assert any("no captured verify block" in n for n in none.notes)
     wide = plan(40, 1 << 32)                        # past 16 tokens blocks are never captured
     assert wide.line("verify").details["tokens"] == 16
+    short = plan(9, 1 << 16)                        # nothing fits: the refusal is the model's own
+    assert not short.fits and short.options.batch == 1
+    assert short.total_bytes == plan(1, 1 << 16).total_bytes

@@ -639,8 +639,10 @@ def plan_model(inv: ModelInventory, o: PlanOptions) -> Plan:
 
 
 def _costs_decode(plan: Plan, base: Plan) -> bool:
-    """Whether `plan` places weights worse than `base` (the same options without speculation)."""
-    return ((base.fits and not plan.fits) or plan.placement.host_bytes > base.placement.host_bytes
+    """Whether `plan` is worse than `base` (the same options without speculation): it does not
+    fit (a smaller block never makes that worse, and a refusal then names the real shortfall), or
+    it places weights on the host that `base` keeps on the GPU."""
+    return (not plan.fits or plan.placement.host_bytes > base.placement.host_bytes
             or (plan.host_embd and not base.host_embd))
 
 
