@@ -307,8 +307,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the
 
 @pytest.fixture(scope="module")
 def small_cuda(tmp_path_factory):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
+    """Used only by @cuda tests (skipped before the fixture runs without a GPU)."""
     from tightfit.model.generate import make_model
     p = tmp_path_factory.mktemp("mtpg") / "small-mtp-q4k.gguf"
     # n_embd 256: the device embedding kernel and the CUDA GEMVs serve it; 4 layers hold one
