@@ -1,0 +1,230 @@
+// tightfit skinny GEMM on bf16 tensor cores with a shared-memory byte table ("mmh" path):
+// y[c, r] = sum_k x[c, k] * W[r, k] for N = 1..8 columns, W = IQ4_XS raw GGUF blocks, x = fp32
+// [N, K] as the model holds it (no activation quantization). Include after gemv_common.cuh and
+// gemv_mma.cuh (it reuses the stream-K split and the deterministic fixup, tf_mma_finish).
+//
+// Why (bench/NOTES.md, session 17): the int8 tensor-core GEMV (tf_mma_rt) spends ~61 instructions
+// per 512 weights, 36 of them on the half-rate ALU pipe: the IQ4_XS decode (6 PRMT / LOP3 per 8
+// codes) and an I2F-free but still per-group int -> fp32 epilogue with the activation's scale.
+// Here one PRMT per BYTE (two codes) forms a shared-memory address, and one LDS returns both codes
+// already as a bf16x2 mma operand: the table has 256 rows (one per byte value) of 256 bytes, lane l
+// reading word l of a row, so the 32 lanes of a warp always hit 32 different banks. x is converted
+// to bf16 pairs in registers (one cvt per two elements, shared by every row tile of the warp), and
+// a group's two m16n8k16 products accumulate in fp32 before its scale is applied once per row.
+// bf16 holds every kvalue (|v| <= 127) exactly and x with 8 significant bits, ~ the int8 path's
+// per-32 quantization, with fp32's range (no overflow on large activations).
+//
+// Fragment layout (PTX ISA, "Matrix Fragments for mma.m16n8k16" .bf16), g = lane >> 2, t = lane & 3:
+//   A: a0 = row g, k slots 2t, 2t+1; a1 = row g+8, same; a2 = row g, slots 2t+8, 2t+9; a3 = row g+8
+//   B: b0 = column g, slots 2t, 2t+1; b1 = column g, slots 2t+8, 2t+9  (low half = lower slot)
+//   C/D: d0, d1 = row g, columns 2t, 2t+1; d2, d3 = row g+8, columns 2t, 2t+1
+// IQ4_XS group j (32 codes): qs bytes 16j..16j+15, byte i = codes of elements i (low nibble) and
+// i + 16 (high nibble). Lane t keeps the word of bytes 16j + 4t .. 16j + 4t + 3; its byte m (0..3)
+// looks up the pair (element 4t+m, element 4t+m+16). Product 1 of the group takes bytes 0 (slots
+// 2t, 2t+1) and 1 (slots 2t+8, 2t+9), product 2 bytes 2 and 3, and B holds x of the same elements
+// (x[4t+m], x[4t+m+16]): a permutation of the group's 32 positions, applied to both operands, so
+// each product is a partial dot of group j alone and the group's scale applies to their sum.
+#pragma once
+
+#define TF_MMH_THREADS 256            // 8 warps: tf_mma_finish recomputes warp ids with TF_MMA_WARPS
+#define TF_MMH_LUT_BYTES 65536        // 256 rows x 256 B (words 32..63 of a row unused)
+#ifndef TF_MMH_MINB
+#define TF_MMH_MINB 2                 // resident CTAs per SM (2 x 64 KB of table: 128 KB of 228)
+#endif
+
+// kvalues_iq4nl[i] as the fp32 it is (an exact small integer)
+TF_DEV float tf_mmh_kv(uint32_t i) {
+  const uint32_t w = i < 4 ? TF_MMA_IQ4_T0 : i < 8 ? TF_MMA_IQ4_T1 : i < 12 ? TF_MMA_IQ4_T2
+                                                                          : TF_MMA_IQ4_T3;
+  return (float)(int)(int8_t)(uint8_t)(w >> (8 * (i & 3u)));
+}
+
+// bf16 bits of an fp32 that bf16 represents exactly (truncation = rounding here)
+TF_DEV uint32_t tf_mmh_bf16_exact(float f) {
+#if TF_DEVICE
+  return __float_as_uint(f) >> 16;
+#else
+  uint32_t u; memcpy(&u, &f, 4); return u >> 16;
+#endif
+}
+
+// Table word for byte value e: low half = kvalue(e & 15), high half = kvalue(e >> 4).
+TF_DEV uint32_t tf_mmh_iq4_entry(uint32_t e) {
+  const float lo = tf_mmh_kv(e & 15u), hi = tf_mmh_kv(e >> 4);
+  return tf_mmh_bf16_exact(lo) | (tf_mmh_bf16_exact(hi) << 16);
+}
+
+// Byte offset in the table of byte m of w for lane l (l4 = 4 * l): row w.byte[m], word l. One
+// PRMT: result bytes = (l4, w.byte m, 0, 0) (selector nibbles 4, m, 5, 5; l4 < 128, so l4's byte
+// 1 is zero).
+TF_DEV uint32_t tf_mmh_addr(uint32_t w, uint32_t l4, int m) {
+  return tf_prmt(w, l4, 0x5504u | ((uint32_t)m << 4));
+}
+
+// A block's 8 sub-block scales ls (6 bits) as bytes ls + 96 (no byte overflows: <= 159): ue holds
+// groups 0, 2, 4, 6, uo groups 1, 3, 5, 7 (byte b = group 2b / 2b + 1). h0 = d | scales_h << 16,
+// h1 = scales_l. The 2-bit high parts (scales_h bits 2j, 2j + 1) are spread nibble-wise into bytes
+// first (nibble b of scales_h = groups 2b, 2b + 1): ~12 ALU operations for 8 scales.
+TF_DEV void tf_mmh_iq4_ls(uint32_t h0, uint32_t h1, uint32_t& ue, uint32_t& uo) {
+  uint32_t x = h0 >> 16;
+  x = (x | (x << 8)) & 0x00FF00FFu;
+  x = (x | (x << 4)) & 0x0F0F0F0Fu;
+  ue = ((h1 & 0x0F0F0F0Fu) | ((x << 4) & 0x30303030u)) + 0x60606060u;
+  uo = (((h1 >> 4) & 0x0F0F0F0Fu) | ((x << 2) & 0x30303030u)) + 0x60606060u;
+}
+// byte b of u (= ls + 96) -> ls - 32 as fp32, exactly: the bits 0x4B0000uu are 2^23 + uu
+TF_DEV float tf_mmh_ls_f32(uint32_t u, int b) {
+  return tf_bits_f32(tf_prmt(u, 0x4B000000u, 0x7440u | (uint32_t)b)) - 8388736.f;
+}
+
+#if TF_DEVICE
+// The table (dynamic shared memory, LUT_BYTES). At namespace scope so that its PTX name is plain:
+// tf_mmh_iq4 takes its window offset with a mov of the symbol, which ptxas resolves, where a
+// generic-to-shared conversion reads the CTA's cluster id and costs an add per lookup.
+extern __shared__ __align__(16) uint32_t tf_mmh_lut[];
+
+TF_DEV void tf_mmh_bf16(const uint32_t (&a)[4], const uint32_t (&b)[2], float (&d)[4]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// D = A . B (no accumulator input: C is the zero register)
+TF_DEV void tf_mmh_bf16_first(const uint32_t (&a)[4], const uint32_t (&b)[2], float (&d)[4]) {
+  const float z = 0.f;
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%10,%10,%10,%10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(z));
+}
+// (lo, hi) -> bf16x2 with lo in the low half (cvt's first source goes to the HIGH half)
+TF_DEV uint32_t tf_mmh_pack(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// lut: the table's shared-window address (32 bits); off from tf_mmh_addr
+TF_DEV uint32_t tf_mmh_lds(uint32_t lut, uint32_t off) {
+  uint32_t v;
+  asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(lut + off));
+  return v;
+}
+
+// Fill the table (every CTA its own copy: 8 STS.128 per thread for the 32 words each row uses).
+TF_DEV void tf_mmh_fill_iq4(uint32_t* lut) {
+  for (int i = threadIdx.x; i < 256 * 8; i += TF_MMH_THREADS) {
+    const uint32_t e = (uint32_t)i >> 3, v = tf_mmh_iq4_entry(e);
+    *(uint4*)(lut + e * 64 + (i & 7) * 4) = make_uint4(v, v, v, v);
+  }
+  __syncthreads();
+}
+
+// tf_mmh_iq4<RT>: RT 16-row tiles per warp, one IQ4_XS block per work item (the stream-K split of
+// tf_mma_rt with U = 1: items = tile groups x blocks per row, one wave of resident warps, the
+// deterministic fixup for tile groups cut between warps). x: fp32 [ncols, K]; y: fp32 [ncols, n_out].
+// Columns past ncols are zero in B and never stored; rows past n_out read row n_out - 1 and are
+// never stored.
+template <int RT>
+__global__ void __launch_bounds__(TF_MMH_THREADS, TF_MMH_MINB)
+tf_mmh_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
+           int n_out, int K, int ncols, int* cnt, float* part) {
+  tf_mmh_fill_iq4(tf_mmh_lut);
+  uint32_t lut;   // the symbol's offset in the CTA's window: a constant ptxas folds into each LDS
+  asm("mov.u32 %0, tf_mmh_lut;" : "=r"(lut));
+  constexpr int BB = 136;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const uint32_t l4 = 4u * (uint32_t)lane;
+  const int nb = K >> 8;
+  const int spt = nb;
+  const int groups = (n_out + 16 * RT - 1) / (16 * RT);
+  const tf_mma_ix items = (tf_mma_ix)groups * spt;
+  const tf_mma_ix nw = (tf_mma_ix)gridDim.x * TF_MMA_WARPS;
+  const tf_mma_ix gw = (tf_mma_ix)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
+  int it = (int)(items * gw / nw);
+  const int iend = (int)(items * (gw + 1) / nw);
+  const bool xon = g < ncols;                    // this lane's B column exists
+  const float* __restrict__ xc = x + (uint64_t)(xon ? g : 0) * K + 4 * t;
+  while (it < iend) {                                        // warp-uniform
+    const int tg = it / spt, s0 = it - tg * spt;
+    const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
+    const uint8_t* __restrict__ wr[2 * RT];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      const int ra = (tg * RT + rt) * 16 + g, rb = ra + 8;
+      wr[2 * rt] = W + (uint64_t)(ra < n_out ? ra : n_out - 1) * nb * BB;
+      wr[2 * rt + 1] = W + (uint64_t)(rb < n_out ? rb : n_out - 1) * nb * BB;
+    }
+    float acc[RT][1][4];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[rt][0][i] = 0.f;
+    for (int b = s0; b < s1; ++b) {
+      // raw loads of all 2 * RT rows first (header word pair + the lane's 8 qs words)
+      uint32_t h[2 * RT][2], q[2 * RT][8];
+#pragma unroll
+      for (int r = 0; r < 2 * RT; ++r) {
+        const uint8_t* blk = wr[r] + (uint64_t)b * BB;
+        tf_mma_ld8(blk, h[r][0], h[r][1]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) q[r][j] = tf_ld_u32(blk + 8 + 16 * j + 4 * t);
+      }
+      // the 8 group scales of each row: (ls - 32) as fp32, d applied once per block
+      float dd[2 * RT];
+      uint32_t ue[2 * RT], uo[2 * RT];
+#pragma unroll
+      for (int r = 0; r < 2 * RT; ++r) {
+        dd[r] = tf_h2f((uint16_t)h[r][0]);
+        tf_mmh_iq4_ls(h[r][0], h[r][1], ue[r], uo[r]);
+      }
+      float accb[RT][4];
+      const float* __restrict__ xb = xc + b * 256;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t b1[2] = {0u, 0u}, b2[2] = {0u, 0u};
+        if (xon) {
+          const float4 v0 = *(const float4*)(xb + 32 * j), v1 = *(const float4*)(xb + 32 * j + 16);
+          b1[0] = tf_mmh_pack(v0.x, v1.x);   // elements 4t, 4t+16
+          b1[1] = tf_mmh_pack(v0.y, v1.y);   // 4t+1, 4t+17
+          b2[0] = tf_mmh_pack(v0.z, v1.z);   // 4t+2, 4t+18
+          b2[1] = tf_mmh_pack(v0.w, v1.w);   // 4t+3, 4t+19
+        }
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt) {
+          const uint32_t w0 = q[2 * rt][j], w1 = q[2 * rt + 1][j];
+          const uint32_t a1[4] = {tf_mmh_lds(lut, tf_mmh_addr(w0, l4, 0)),
+                                  tf_mmh_lds(lut, tf_mmh_addr(w1, l4, 0)),
+                                  tf_mmh_lds(lut, tf_mmh_addr(w0, l4, 1)),
+                                  tf_mmh_lds(lut, tf_mmh_addr(w1, l4, 1))};
+          const uint32_t a2[4] = {tf_mmh_lds(lut, tf_mmh_addr(w0, l4, 2)),
+                                  tf_mmh_lds(lut, tf_mmh_addr(w1, l4, 2)),
+                                  tf_mmh_lds(lut, tf_mmh_addr(w0, l4, 3)),
+                                  tf_mmh_lds(lut, tf_mmh_addr(w1, l4, 3))};
+          float d[4];
+          tf_mmh_bf16_first(a1, b1, d);
+          tf_mmh_bf16(a2, b2, d);
+          const float f0 = tf_mmh_ls_f32(j & 1 ? uo[2 * rt] : ue[2 * rt], j >> 1);
+          const float f1 = tf_mmh_ls_f32(j & 1 ? uo[2 * rt + 1] : ue[2 * rt + 1], j >> 1);
+          if (j == 0) {
+            accb[rt][0] = f0 * d[0]; accb[rt][1] = f0 * d[1];
+            accb[rt][2] = f1 * d[2]; accb[rt][3] = f1 * d[3];
+          } else {
+            accb[rt][0] += f0 * d[0]; accb[rt][1] += f0 * d[1];
+            accb[rt][2] += f1 * d[2]; accb[rt][3] += f1 * d[3];
+          }
+        }
+      }
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        acc[rt][0][0] += dd[2 * rt] * accb[rt][0];
+        acc[rt][0][1] += dd[2 * rt] * accb[rt][1];
+        acc[rt][0][2] += dd[2 * rt + 1] * accb[rt][2];
+        acc[rt][0][3] += dd[2 * rt + 1] * accb[rt][3];
+      }
+    }
+    tf_mma_finish<RT, 1>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt, spt, cnt, part, acc);
+    it += s1 - s0;
+  }
+}
+#endif  // TF_DEVICE

@@ -1,0 +1,141 @@
+"""Skinny GEMM on bf16 tensor cores with a shared-memory byte table ("mmh" path), IQ4_XS.
+
+tightfit/kernels/cuda/gemv_mmh.cuh holds the kernel (tf_mmh_iq4<RT>) and says why: one PRMT and
+one shared-memory load turn a byte of IQ4_XS codes into a bf16x2 mma operand, where the int8
+tensor-core GEMV (gemv_mma) spends ~6 ALU operations per 8 codes plus a per-group int -> fp32
+epilogue. x is read as fp32 [N, K] (no activation quantization), y is fp32 [N, n_out]; N <= 8.
+The work split and the deterministic fixup are gemv_mma's (stream-K over 32-row tile groups x
+blocks, one wave of resident warps, its per-device workspace), so results are bitwise repeatable.
+
+Reference: `gemv_mmh_ref` (NumPy, the GGUF dequantization of tightfit.quant and float64 products
+of the bf16-rounded x), which tests/test_gemv_mmh.py compares with the kernel on the device.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from tightfit.kernels import cuda_runtime as _rt
+from tightfit.kernels import gemv_mma as _mma
+from tightfit.kernels.cuda_source import CUDA_DIR, COMMON
+
+MMH = "gemv_mmh.cuh"
+THREADS = 256
+WARPS = THREADS // 32
+LUT_BYTES = 65536
+MINB = 2                       # resident CTAs per SM (launch bounds; 2 x 64 KB of table)
+TYPES = (23,)                  # IQ4_XS
+RTS = (1, 2)
+DEFAULT_RT = 2
+MAX_N = 8
+_lock = threading.Lock()
+_fns: dict[tuple[int, int], object] = {}
+_geom: dict[tuple, tuple] = {}
+
+
+def source() -> str:
+    return ((CUDA_DIR / COMMON).read_text() + "\n// ---- gemv_mma.cuh\n"
+            + (CUDA_DIR / _mma.MMA).read_text() + "\n// ---- " + MMH + "\n"
+            + (CUDA_DIR / MMH).read_text())
+
+
+def supported(qtype: int) -> bool:
+    return int(qtype) in TYPES
+
+
+def available() -> bool:
+    return torch.cuda.is_available() and _rt.cupy() is not None
+
+
+def _fn(device: int, rt: int):
+    key = (device, rt)
+    fn = _fns.get(key)
+    if fn is None:
+        with _lock:
+            fn = _fns.get(key)
+            if fn is None:
+                cp = _rt.cupy()
+                name = f"tf_mmh_iq4<{rt}>"
+                with cp.cuda.Device(device):
+                    mod = cp.RawModule(code=source(), options=("-std=c++17",),
+                                       name_expressions=[name])
+                    fn = mod.get_function(name)
+                    fn.max_dynamic_shared_size_bytes = LUT_BYTES
+                _fns[key] = fn
+    return fn
+
+
+def geometry(n_in: int, n_out: int, sms: int, rt: int = DEFAULT_RT,
+             ctas_per_sm: int = MINB) -> int:
+    """CTAs of the stream-K launch: items = (32-row tile groups at rt 2) x blocks per row, one
+    wave of at most sms * ctas_per_sm CTAs of 8 warps (as gemv_mma.geometry with one block per
+    item)."""
+    items = ((n_out + 16 * rt - 1) // (16 * rt)) * (n_in // 256)
+    slots = sms * ctas_per_sm * WARPS
+    nw_needed = min(items, slots)
+    ctas = -(-nw_needed // WARPS)
+    if items * ctas * WARPS >= 1 << 32:
+        raise ValueError(f"MMH GEMV: {items} work items too many for a 32-bit split")
+    return ctas
+
+
+def prepare(device=None, n_out: int = 0, rt: int = DEFAULT_RT) -> None:
+    """Compile now (outside any capture) and size gemv_mma's shared fixup workspace."""
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    _fn(idx, rt)
+    _mma._workspace(idx, -(-int(n_out) // 16), _mma._sms(idx) * _mma.MAX_CTAS_PER_SM * WARPS)
+
+
+def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
+             rt: int | None = None) -> torch.Tensor:
+    """out[N, n_out] (fp32) = x[N, K] (fp32, contiguous) . W^T, W = IQ4_XS raw blocks [n_out, K]."""
+    if not supported(qtype):
+        raise ValueError(f"MMH GEMV: GGML type {qtype} is not supported (IQ4_XS only)")
+    rt = DEFAULT_RT if rt is None else int(rt)
+    if rt not in RTS:
+        raise ValueError(f"MMH GEMV: rt {rt} not in {RTS}")
+    if x.dtype != torch.float32 or not x.is_contiguous() or x.dim() != 2:
+        raise ValueError("MMH GEMV: x must be a contiguous fp32 [N, K] tensor")
+    n, k = x.shape
+    if not 1 <= n <= MAX_N:
+        raise ValueError(f"MMH GEMV: {n} columns (1..{MAX_N})")
+    if k % 256 or w_raw.numel() != int(n_out) * (k // 256) * 136:
+        raise ValueError(f"MMH GEMV: weights of {w_raw.numel()} B do not hold {n_out} rows of "
+                         f"{k} IQ4_XS weights")
+    if out.dtype != torch.float32 or out.shape != (n, int(n_out)) or not out.is_contiguous():
+        raise ValueError("MMH GEMV: out must be a contiguous fp32 [N, n_out] tensor")
+    if w_raw.data_ptr() % 16 or x.data_ptr() % 16:
+        raise ValueError("MMH GEMV: weights and x must be 16-byte aligned")
+    dev = w_raw.device
+    key = (k, int(n_out), dev.index, rt)
+    ctas = _geom.get(key)
+    if ctas is None:
+        ctas = _geom[key] = geometry(k, int(n_out), _mma._sms(dev.index), rt)
+    ws = _mma._workspace(dev.index, -(-int(n_out) // 16), ctas * WARPS)
+    fn = _fn(dev.index, rt)
+    stream = _rt.stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
+    with stream:
+        fn((ctas, 1, 1), (THREADS, 1, 1),
+           (np.uint64(w_raw.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()),
+            np.int32(n_out), np.int32(k), np.int32(n), np.uint64(ws.cnt), np.uint64(ws.part)),
+           shared_mem=LUT_BYTES)
+    return out
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """fp32 -> bf16 -> fp32, round to nearest even (cvt.rn.bf16x2.f32), as float64."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return r.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def gemv_mmh_ref(x: np.ndarray, w_raw: np.ndarray, n_out: int) -> np.ndarray:
+    """What the kernel computes, in float64: the GGUF dequantization of W (tightfit.quant's
+    reference) against x rounded to bf16."""
+    from tightfit.quant import dequantize
+    k = x.shape[1]
+    w = dequantize(np.asarray(w_raw, dtype=np.uint8).reshape(-1), 23, (n_out, k))
+    return bf16_round(x) @ w.astype(np.float64).T
