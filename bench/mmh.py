@@ -29,6 +29,7 @@ from tightfit.kernels import gemv_mmh  # noqa: E402
 from tightfit.kernels.quantize_act import quantize_act  # noqa: E402
 
 IQ4_XS, BB = 23, 136
+VARIANTS = [(1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2)]
 
 
 def rand_iq4(n_out: int, n_in: int, gen, lo: float, hi: float) -> torch.Tensor:
@@ -73,8 +74,10 @@ def timeit(n_in, n_out, ns, gen, min_bytes=1.5e9):
         impls = {"mmh": lambda w, o: gemv_mmh.gemv_mmh(x, w, IQ4_XS, n_out, o),
                  "cu": lambda w, o: gemv_cuda(qa, w, IQ4_XS, n_out, o),
                  "mma": lambda w, o: gemv_mma(qa, w, IQ4_XS, n_out, o)}
-        if n == 1:
-            impls["mmh_rt1"] = lambda w, o: gemv_mmh.gemv_mmh(x, w, IQ4_XS, n_out, o, rt=1)
+        if n in (1, 5):
+            for rt, nb in VARIANTS:
+                impls[f"mmh_{rt}_{nb}"] = (lambda rt, nb: lambda w, o: gemv_mmh.gemv_mmh(
+                    x, w, IQ4_XS, n_out, o, rt=rt, nb=nb))(rt, nb)
         for name, fn in impls.items():
             if name == "mma" and n not in (1, 5, 8):
                 continue
@@ -138,9 +141,11 @@ def main():
             print(f"| {k}→{m} | {n} | {u:.1f} | {100 * gbs / bw:.0f} % | "
                   f"{'' if cu is None else f'{cu:.1f}'} | {'' if mm is None else f'{mm:.1f}'} | "
                   f"{'' if c1 is None else f'{u / c1:.2f}'} |")
-        r1 = t.get(("mmh_rt1", k, m, 1))
-        if r1 is not None:
-            print(f"| {k}→{m} | 1 (rt 1) | {r1:.1f} | | | | {'' if c1 is None else f'{r1 / c1:.2f}'} |")
+    print("| shape | N | " + " | ".join(f"rt {rt} nb {nb}" for rt, nb in VARIANTS) + " |")
+    for k, m in shapes:
+        for n in (1, 5):
+            v = [t.get((f"mmh_{rt}_{nb}", k, m, n)) for rt, nb in VARIANTS]
+            print(f"| {k}→{m} | {n} | " + " | ".join("" if u is None else f"{u:.1f}" for u in v) + " |")
 
 
 if __name__ == "__main__":

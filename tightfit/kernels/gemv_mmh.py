@@ -1,6 +1,6 @@
 """Skinny GEMM on bf16 tensor cores with a shared-memory byte table ("mmh" path), IQ4_XS.
 
-tightfit/kernels/cuda/gemv_mmh.cuh holds the kernel (tf_mmh_iq4<RT>) and says why: one PRMT and
+tightfit/kernels/cuda/gemv_mmh.cuh holds the kernel (tf_mmh_iq4<RT, NB>) and says why: one PRMT and
 one shared-memory load turn a byte of IQ4_XS codes into a bf16x2 mma operand, where the int8
 tensor-core GEMV (gemv_mma) spends ~6 ALU operations per 8 codes plus a per-group int -> fp32
 epilogue. x is read as fp32 [N, K] (no activation quantization), y is fp32 [N, n_out]; N <= 8.
@@ -28,7 +28,9 @@ LUT_BYTES = 65536
 MINB = 2                       # resident CTAs per SM (launch bounds; 2 x 64 KB of table)
 TYPES = (23,)                  # IQ4_XS
 RTS = (1, 2)
-DEFAULT_RT = 2
+NBS = (1, 2, 3, 4)             # raw buffers (blocks in flight per warp)
+DEFAULT_RT = 1
+DEFAULT_NB = 3
 MAX_N = 8
 _lock = threading.Lock()
 _fns: dict[tuple[int, int], object] = {}
@@ -49,15 +51,15 @@ def available() -> bool:
     return torch.cuda.is_available() and _rt.cupy() is not None
 
 
-def _fn(device: int, rt: int):
-    key = (device, rt)
+def _fn(device: int, rt: int, nb: int):
+    key = (device, rt, nb)
     fn = _fns.get(key)
     if fn is None:
         with _lock:
             fn = _fns.get(key)
             if fn is None:
                 cp = _rt.cupy()
-                name = f"tf_mmh_iq4<{rt}>"
+                name = f"tf_mmh_iq4<{rt}, {nb}>"
                 with cp.cuda.Device(device):
                     mod = cp.RawModule(code=source(), options=("-std=c++17",),
                                        name_expressions=[name])
@@ -81,22 +83,23 @@ def geometry(n_in: int, n_out: int, sms: int, rt: int = DEFAULT_RT,
     return ctas
 
 
-def prepare(device=None, n_out: int = 0, rt: int = DEFAULT_RT) -> None:
+def prepare(device=None, n_out: int = 0, rt: int = DEFAULT_RT, nb: int = DEFAULT_NB) -> None:
     """Compile now (outside any capture) and size gemv_mma's shared fixup workspace."""
     dev = torch.device(device) if device is not None else torch.device("cuda")
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    _fn(idx, rt)
+    _fn(idx, rt, nb)
     _mma._workspace(idx, -(-int(n_out) // 16), _mma._sms(idx) * _mma.MAX_CTAS_PER_SM * WARPS)
 
 
 def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
-             rt: int | None = None) -> torch.Tensor:
+             rt: int | None = None, nb: int | None = None) -> torch.Tensor:
     """out[N, n_out] (fp32) = x[N, K] (fp32, contiguous) . W^T, W = IQ4_XS raw blocks [n_out, K]."""
     if not supported(qtype):
         raise ValueError(f"MMH GEMV: GGML type {qtype} is not supported (IQ4_XS only)")
     rt = DEFAULT_RT if rt is None else int(rt)
-    if rt not in RTS:
-        raise ValueError(f"MMH GEMV: rt {rt} not in {RTS}")
+    nb = DEFAULT_NB if nb is None else int(nb)
+    if rt not in RTS or nb not in NBS:
+        raise ValueError(f"MMH GEMV: rt {rt} / nb {nb} not in {RTS} / {NBS}")
     if x.dtype != torch.float32 or not x.is_contiguous() or x.dim() != 2:
         raise ValueError("MMH GEMV: x must be a contiguous fp32 [N, K] tensor")
     n, k = x.shape
@@ -115,7 +118,7 @@ def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: 
     if ctas is None:
         ctas = _geom[key] = geometry(k, int(n_out), _mma._sms(dev.index), rt)
     ws = _mma._workspace(dev.index, -(-int(n_out) // 16), ctas * WARPS)
-    fn = _fn(dev.index, rt)
+    fn = _fn(dev.index, rt, nb)
     stream = _rt.stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
     with stream:
         fn((ctas, 1, 1), (THREADS, 1, 1),

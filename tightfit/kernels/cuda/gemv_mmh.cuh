@@ -119,12 +119,88 @@ TF_DEV void tf_mmh_fill_iq4(uint32_t* lut) {
   __syncthreads();
 }
 
-// tf_mmh_iq4<RT>: RT 16-row tiles per warp, one IQ4_XS block per work item (the stream-K split of
-// tf_mma_rt with U = 1: items = tile groups x blocks per row, one wave of resident warps, the
-// deterministic fixup for tile groups cut between warps). x: fp32 [ncols, K]; y: fp32 [ncols, n_out].
-// Columns past ncols are zero in B and never stored; rows past n_out read row n_out - 1 and are
-// never stored.
+// One block's raw words for the lane's 2 * RT rows: header pair (d | scales_h << 16, scales_l)
+// and the 8 qs words (bytes 16j + 4t .. 16j + 4t + 3 of group j).
+template <int RT> struct tf_mmh_raw { uint32_t h[2 * RT][2], q[2 * RT][8]; };
+
 template <int RT>
+TF_DEV void tf_mmh_load(tf_mmh_raw<RT>& r, const uint8_t* const __restrict__ (&wr)[2 * RT], int b,
+                        int t) {
+#pragma unroll
+  for (int i = 0; i < 2 * RT; ++i) {
+    const uint8_t* blk = wr[i] + (uint64_t)b * 136;
+    tf_mma_ld8(blk, r.h[i][0], r.h[i][1]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) r.q[i][j] = tf_ld_u32(blk + 8 + 16 * j + 4 * t);
+  }
+}
+
+// acc[rt] += block b's product of row tile rt (rows g, g + 8) with the lane's B column (xb: x of
+// that column at the block's first element + 4t; xon: the column exists).
+template <int RT>
+TF_DEV void tf_mmh_block(const tf_mmh_raw<RT>& r, const float* __restrict__ xb, bool xon,
+                         uint32_t lut, uint32_t l4, float (&acc)[RT][1][4]) {
+  // the 8 group scales of each row: (ls - 32) as fp32, d applied once per block
+  float dd[2 * RT];
+  uint32_t ue[2 * RT], uo[2 * RT];
+#pragma unroll
+  for (int i = 0; i < 2 * RT; ++i) {
+    dd[i] = tf_h2f((uint16_t)r.h[i][0]);
+    tf_mmh_iq4_ls(r.h[i][0], r.h[i][1], ue[i], uo[i]);
+  }
+  float accb[RT][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    uint32_t b1[2] = {0u, 0u}, b2[2] = {0u, 0u};
+    if (xon) {
+      const float4 v0 = *(const float4*)(xb + 32 * j), v1 = *(const float4*)(xb + 32 * j + 16);
+      b1[0] = tf_mmh_pack(v0.x, v1.x);   // elements 4t, 4t+16
+      b1[1] = tf_mmh_pack(v0.y, v1.y);   // 4t+1, 4t+17
+      b2[0] = tf_mmh_pack(v0.z, v1.z);   // 4t+2, 4t+18
+      b2[1] = tf_mmh_pack(v0.w, v1.w);   // 4t+3, 4t+19
+    }
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      const uint32_t w0 = r.q[2 * rt][j], w1 = r.q[2 * rt + 1][j];
+      const uint32_t a1[4] = {tf_mmh_lds(lut, tf_mmh_addr(w0, l4, 0)),
+                              tf_mmh_lds(lut, tf_mmh_addr(w1, l4, 0)),
+                              tf_mmh_lds(lut, tf_mmh_addr(w0, l4, 1)),
+                              tf_mmh_lds(lut, tf_mmh_addr(w1, l4, 1))};
+      const uint32_t a2[4] = {tf_mmh_lds(lut, tf_mmh_addr(w0, l4, 2)),
+                              tf_mmh_lds(lut, tf_mmh_addr(w1, l4, 2)),
+                              tf_mmh_lds(lut, tf_mmh_addr(w0, l4, 3)),
+                              tf_mmh_lds(lut, tf_mmh_addr(w1, l4, 3))};
+      float d[4];
+      tf_mmh_bf16_first(a1, b1, d);
+      tf_mmh_bf16(a2, b2, d);
+      const float f0 = tf_mmh_ls_f32(j & 1 ? uo[2 * rt] : ue[2 * rt], j >> 1);
+      const float f1 = tf_mmh_ls_f32(j & 1 ? uo[2 * rt + 1] : ue[2 * rt + 1], j >> 1);
+      if (j == 0) {
+        accb[rt][0] = f0 * d[0]; accb[rt][1] = f0 * d[1];
+        accb[rt][2] = f1 * d[2]; accb[rt][3] = f1 * d[3];
+      } else {
+        accb[rt][0] += f0 * d[0]; accb[rt][1] += f0 * d[1];
+        accb[rt][2] += f1 * d[2]; accb[rt][3] += f1 * d[3];
+      }
+    }
+  }
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    acc[rt][0][0] += dd[2 * rt] * accb[rt][0];
+    acc[rt][0][1] += dd[2 * rt] * accb[rt][1];
+    acc[rt][0][2] += dd[2 * rt + 1] * accb[rt][2];
+    acc[rt][0][3] += dd[2 * rt + 1] * accb[rt][3];
+  }
+}
+
+// tf_mmh_iq4<RT, NB>: RT 16-row tiles per warp, one IQ4_XS block per work item (the stream-K split
+// of tf_mma_rt with U = 1: items = tile groups x blocks per row, one wave of resident warps, the
+// deterministic fixup for tile groups cut between warps). NB raw buffers: the loads of blocks
+// b + 1 .. b + NB - 1 are in flight while block b computes (session 17: without them the kernel
+// waited on DRAM at the start of every block, 39 % of the copy bandwidth at 5120 -> 17408).
+// x: fp32 [ncols, K]; y: fp32 [ncols, n_out]. Columns past ncols are zero in B and never stored;
+// rows past n_out read row n_out - 1 and are never stored.
+template <int RT, int NB>
 __global__ void __launch_bounds__(TF_MMH_THREADS, TF_MMH_MINB)
 tf_mmh_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
            int n_out, int K, int ncols, int* cnt, float* part) {
@@ -160,67 +236,17 @@ tf_mmh_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __
     for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[rt][0][i] = 0.f;
-    for (int b = s0; b < s1; ++b) {
-      // raw loads of all 2 * RT rows first (header word pair + the lane's 8 qs words)
-      uint32_t h[2 * RT][2], q[2 * RT][8];
+    tf_mmh_raw<RT> raw[NB];
 #pragma unroll
-      for (int r = 0; r < 2 * RT; ++r) {
-        const uint8_t* blk = wr[r] + (uint64_t)b * BB;
-        tf_mma_ld8(blk, h[r][0], h[r][1]);
+    for (int i = 0; i < NB - 1; ++i)
+      if (s0 + i < s1) tf_mmh_load<RT>(raw[i], wr, s0 + i, t);
+    for (int b = s0; b < s1; b += NB) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) q[r][j] = tf_ld_u32(blk + 8 + 16 * j + 4 * t);
-      }
-      // the 8 group scales of each row: (ls - 32) as fp32, d applied once per block
-      float dd[2 * RT];
-      uint32_t ue[2 * RT], uo[2 * RT];
-#pragma unroll
-      for (int r = 0; r < 2 * RT; ++r) {
-        dd[r] = tf_h2f((uint16_t)h[r][0]);
-        tf_mmh_iq4_ls(h[r][0], h[r][1], ue[r], uo[r]);
-      }
-      float accb[RT][4];
-      const float* __restrict__ xb = xc + b * 256;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        uint32_t b1[2] = {0u, 0u}, b2[2] = {0u, 0u};
-        if (xon) {
-          const float4 v0 = *(const float4*)(xb + 32 * j), v1 = *(const float4*)(xb + 32 * j + 16);
-          b1[0] = tf_mmh_pack(v0.x, v1.x);   // elements 4t, 4t+16
-          b1[1] = tf_mmh_pack(v0.y, v1.y);   // 4t+1, 4t+17
-          b2[0] = tf_mmh_pack(v0.z, v1.z);   // 4t+2, 4t+18
-          b2[1] = tf_mmh_pack(v0.w, v1.w);   // 4t+3, 4t+19
+      for (int i = 0; i < NB; ++i) {
+        if (b + i < s1) {                                    // warp-uniform
+          if (b + i + NB - 1 < s1) tf_mmh_load<RT>(raw[(i + NB - 1) % NB], wr, b + i + NB - 1, t);
+          tf_mmh_block<RT>(raw[i], xc + (b + i) * 256, xon, lut, l4, acc);
         }
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt) {
-          const uint32_t w0 = q[2 * rt][j], w1 = q[2 * rt + 1][j];
-          const uint32_t a1[4] = {tf_mmh_lds(lut, tf_mmh_addr(w0, l4, 0)),
-                                  tf_mmh_lds(lut, tf_mmh_addr(w1, l4, 0)),
-                                  tf_mmh_lds(lut, tf_mmh_addr(w0, l4, 1)),
-                                  tf_mmh_lds(lut, tf_mmh_addr(w1, l4, 1))};
-          const uint32_t a2[4] = {tf_mmh_lds(lut, tf_mmh_addr(w0, l4, 2)),
-                                  tf_mmh_lds(lut, tf_mmh_addr(w1, l4, 2)),
-                                  tf_mmh_lds(lut, tf_mmh_addr(w0, l4, 3)),
-                                  tf_mmh_lds(lut, tf_mmh_addr(w1, l4, 3))};
-          float d[4];
-          tf_mmh_bf16_first(a1, b1, d);
-          tf_mmh_bf16(a2, b2, d);
-          const float f0 = tf_mmh_ls_f32(j & 1 ? uo[2 * rt] : ue[2 * rt], j >> 1);
-          const float f1 = tf_mmh_ls_f32(j & 1 ? uo[2 * rt + 1] : ue[2 * rt + 1], j >> 1);
-          if (j == 0) {
-            accb[rt][0] = f0 * d[0]; accb[rt][1] = f0 * d[1];
-            accb[rt][2] = f1 * d[2]; accb[rt][3] = f1 * d[3];
-          } else {
-            accb[rt][0] += f0 * d[0]; accb[rt][1] += f0 * d[1];
-            accb[rt][2] += f1 * d[2]; accb[rt][3] += f1 * d[3];
-          }
-        }
-      }
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt) {
-        acc[rt][0][0] += dd[2 * rt] * accb[rt][0];
-        acc[rt][0][1] += dd[2 * rt] * accb[rt][1];
-        acc[rt][0][2] += dd[2 * rt + 1] * accb[rt][2];
-        acc[rt][0][3] += dd[2 * rt + 1] * accb[rt][3];
       }
     }
     tf_mma_finish<RT, 1>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt, spt, cnt, part, acc);
