@@ -118,6 +118,9 @@ def skip(impl, t, n):
     if impl == "mma":
         from tightfit.kernels import gemv_mma
         return not gemv_mma.supported(t)
+    if impl == "mmh":
+        from tightfit.kernels import gemv_mmh
+        return not gemv_mmh.supported(t) or n > gemv_mmh.MAX_N
     return (impl != "v1" and t not in V2_TYPES) or (impl.startswith("v2n1") and n > 2)
 
 
@@ -139,6 +142,9 @@ def call(impl, x, w, t, n_out, n_in, out, cfg=None):
         from tightfit.kernels.quantize_act import quantize_act
         mma_cfg = {k: cfg[k] for k in ("ctas_per_sm", "rt", "pipe", "nst", "fill") if cfg and k in cfg} or None
         return gemv_mma(quantize_act(x, 0), w, t, n_out, out, config=mma_cfg)
+    if impl == "mmh":               # bf16 byte-table GEMV (gemv_mmh.py, IQ4_XS); config rt, nb
+        from tightfit.kernels.gemv_mmh import gemv_mmh
+        return gemv_mmh(x, w, t, n_out, out, rt=(cfg or {}).get("rt"), nb=(cfg or {}).get("nb"))
     if impl.startswith("v2n1"):
         cfg = {**(cfg or {}), "PATH": "dp4a"}
     elif impl in ("v2", "v2p"):
