@@ -29,7 +29,7 @@ from tightfit.kernels import gemv_mmh  # noqa: E402
 from tightfit.kernels.quantize_act import quantize_act  # noqa: E402
 
 IQ4_XS, BB = 23, 136
-VARIANTS = [(1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2)]
+VARIANTS = [(1, 1, 2), (1, 1, 3), (1, 2, 3), (2, 1, 3), (2, 1, 2)]   # (rt, nb, minb)
 
 
 def rand_iq4(n_out: int, n_in: int, gen, lo: float, hi: float) -> torch.Tensor:
@@ -75,9 +75,9 @@ def timeit(n_in, n_out, ns, gen, min_bytes=1.5e9):
                  "cu": lambda w, o: gemv_cuda(qa, w, IQ4_XS, n_out, o),
                  "mma": lambda w, o: gemv_mma(qa, w, IQ4_XS, n_out, o)}
         if n in (1, 5):
-            for rt, nb in VARIANTS:
-                impls[f"mmh_{rt}_{nb}"] = (lambda rt, nb: lambda w, o: gemv_mmh.gemv_mmh(
-                    x, w, IQ4_XS, n_out, o, rt=rt, nb=nb))(rt, nb)
+            for rt, nb, mb in VARIANTS:
+                impls[f"mmh_{rt}_{nb}_{mb}"] = (lambda rt, nb, mb: lambda w, o: gemv_mmh.gemv_mmh(
+                    x, w, IQ4_XS, n_out, o, rt=rt, nb=nb, minb=mb))(rt, nb, mb)
         for name, fn in impls.items():
             if name == "mma" and n not in (1, 5, 8):
                 continue
@@ -141,10 +141,10 @@ def main():
             print(f"| {k}→{m} | {n} | {u:.1f} | {100 * gbs / bw:.0f} % | "
                   f"{'' if cu is None else f'{cu:.1f}'} | {'' if mm is None else f'{mm:.1f}'} | "
                   f"{'' if c1 is None else f'{u / c1:.2f}'} |")
-    print("| shape | N | " + " | ".join(f"rt {rt} nb {nb}" for rt, nb in VARIANTS) + " |")
+    print("| shape | N | " + " | ".join(f"rt {rt} nb {nb} minb {mb}" for rt, nb, mb in VARIANTS) + " |")
     for k, m in shapes:
         for n in (1, 5):
-            v = [t.get((f"mmh_{rt}_{nb}", k, m, n)) for rt, nb in VARIANTS]
+            v = [t.get((f"mmh_{rt}_{nb}_{mb}", k, m, n)) for rt, nb, mb in VARIANTS]
             print(f"| {k}→{m} | {n} | " + " | ".join("" if u is None else f"{u:.1f}" for u in v) + " |")
 
 

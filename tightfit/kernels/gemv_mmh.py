@@ -25,12 +25,13 @@ MMH = "gemv_mmh.cuh"
 THREADS = 256
 WARPS = THREADS // 32
 LUT_BYTES = 65536
-MINB = 2                       # resident CTAs per SM (launch bounds; 2 x 64 KB of table)
+MINBS = (2, 3)                 # resident CTAs per SM (launch bounds: 128 / 80 registers; 64 KB of table each)
+DEFAULT_MINB = 2
 TYPES = (23,)                  # IQ4_XS
 RTS = (1, 2)
 NBS = (1, 2, 3, 4)             # raw buffers (blocks in flight per warp)
 DEFAULT_RT = 1
-DEFAULT_NB = 3
+DEFAULT_NB = 1
 MAX_N = 8
 _lock = threading.Lock()
 _fns: dict[tuple[int, int], object] = {}
@@ -51,8 +52,8 @@ def available() -> bool:
     return torch.cuda.is_available() and _rt.cupy() is not None
 
 
-def _fn(device: int, rt: int, nb: int):
-    key = (device, rt, nb)
+def _fn(device: int, rt: int, nb: int, minb: int):
+    key = (device, rt, nb, minb)
     fn = _fns.get(key)
     if fn is None:
         with _lock:
@@ -61,7 +62,8 @@ def _fn(device: int, rt: int, nb: int):
                 cp = _rt.cupy()
                 name = f"tf_mmh_iq4<{rt}, {nb}>"
                 with cp.cuda.Device(device):
-                    mod = cp.RawModule(code=source(), options=("-std=c++17",),
+                    mod = cp.RawModule(code=source(), options=("-std=c++17",
+                                                               f"-DTF_MMH_MINB={minb}"),
                                        name_expressions=[name])
                     fn = mod.get_function(name)
                     fn.max_dynamic_shared_size_bytes = LUT_BYTES
@@ -70,7 +72,7 @@ def _fn(device: int, rt: int, nb: int):
 
 
 def geometry(n_in: int, n_out: int, sms: int, rt: int = DEFAULT_RT,
-             ctas_per_sm: int = MINB) -> int:
+             ctas_per_sm: int = DEFAULT_MINB) -> int:
     """CTAs of the stream-K launch: items = (32-row tile groups at rt 2) x blocks per row, one
     wave of at most sms * ctas_per_sm CTAs of 8 warps (as gemv_mma.geometry with one block per
     item)."""
@@ -83,23 +85,26 @@ def geometry(n_in: int, n_out: int, sms: int, rt: int = DEFAULT_RT,
     return ctas
 
 
-def prepare(device=None, n_out: int = 0, rt: int = DEFAULT_RT, nb: int = DEFAULT_NB) -> None:
+def prepare(device=None, n_out: int = 0, rt: int = DEFAULT_RT, nb: int = DEFAULT_NB,
+            minb: int = DEFAULT_MINB) -> None:
     """Compile now (outside any capture) and size gemv_mma's shared fixup workspace."""
     dev = torch.device(device) if device is not None else torch.device("cuda")
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    _fn(idx, rt, nb)
+    _fn(idx, rt, nb, minb)
     _mma._workspace(idx, -(-int(n_out) // 16), _mma._sms(idx) * _mma.MAX_CTAS_PER_SM * WARPS)
 
 
 def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
-             rt: int | None = None, nb: int | None = None) -> torch.Tensor:
+             rt: int | None = None, nb: int | None = None,
+             minb: int | None = None) -> torch.Tensor:
     """out[N, n_out] (fp32) = x[N, K] (fp32, contiguous) . W^T, W = IQ4_XS raw blocks [n_out, K]."""
     if not supported(qtype):
         raise ValueError(f"MMH GEMV: GGML type {qtype} is not supported (IQ4_XS only)")
     rt = DEFAULT_RT if rt is None else int(rt)
     nb = DEFAULT_NB if nb is None else int(nb)
-    if rt not in RTS or nb not in NBS:
-        raise ValueError(f"MMH GEMV: rt {rt} / nb {nb} not in {RTS} / {NBS}")
+    minb = DEFAULT_MINB if minb is None else int(minb)
+    if rt not in RTS or nb not in NBS or minb not in MINBS:
+        raise ValueError(f"MMH GEMV: rt {rt} / nb {nb} / minb {minb} not in {RTS} / {NBS} / {MINBS}")
     if x.dtype != torch.float32 or not x.is_contiguous() or x.dim() != 2:
         raise ValueError("MMH GEMV: x must be a contiguous fp32 [N, K] tensor")
     n, k = x.shape
@@ -113,12 +118,12 @@ def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: 
     if w_raw.data_ptr() % 16 or x.data_ptr() % 16:
         raise ValueError("MMH GEMV: weights and x must be 16-byte aligned")
     dev = w_raw.device
-    key = (k, int(n_out), dev.index, rt)
+    key = (k, int(n_out), dev.index, rt, minb)
     ctas = _geom.get(key)
     if ctas is None:
-        ctas = _geom[key] = geometry(k, int(n_out), _mma._sms(dev.index), rt)
+        ctas = _geom[key] = geometry(k, int(n_out), _mma._sms(dev.index), rt, minb)
     ws = _mma._workspace(dev.index, -(-int(n_out) // 16), ctas * WARPS)
-    fn = _fn(dev.index, rt, nb)
+    fn = _fn(dev.index, rt, nb, minb)
     stream = _rt.stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
     with stream:
         fn((ctas, 1, 1), (THREADS, 1, 1),
