@@ -29,7 +29,7 @@ from tightfit.kernels import gemv_mmh  # noqa: E402
 from tightfit.kernels.quantize_act import quantize_act  # noqa: E402
 
 IQ4_XS, BB = 23, 136
-VARIANTS = [(1, 1, 2), (1, 1, 3), (1, 2, 3), (2, 1, 3), (2, 1, 2)]   # (rt, nb, minb)
+VARIANTS = [(1, 1, 2), (2, 1, 2), (0, 2, 0), (0, 3, 0)]   # (rt, nb, minb); rt 0: pipe with nb stages
 
 
 def rand_iq4(n_out: int, n_in: int, gen, lo: float, hi: float) -> torch.Tensor:
@@ -49,13 +49,14 @@ def check(n_in, n_out, ns, gen, rows=96):
             0, n_out, rows), [n_out - 1]]))
         wr = w.view(n_out, -1)[torch.as_tensor(pick, device="cuda")].cpu().numpy()
         for n in ns:
+          for kw in ({}, {"pipe": 2}):
             x = torch.randn(n, n_in, device="cuda")
             out = torch.empty(n, n_out, device="cuda")
-            y = gemv_mmh.gemv_mmh(x, w, IQ4_XS, n_out, out).cpu().numpy()[:, pick]
+            y = gemv_mmh.gemv_mmh(x, w, IQ4_XS, n_out, out, **kw).cpu().numpy()[:, pick]
             ref = gemv_mmh.gemv_mmh_ref(x.cpu().numpy(), wr, len(pick))
             rel = float(np.abs(y - ref).max() / (np.abs(ref).max() + 1e-30))
-            y2 = gemv_mmh.gemv_mmh(x, w, IQ4_XS, n_out, torch.empty_like(out)).cpu().numpy()[:, pick]
-            res.append(dict(kind="check", n_in=n_in, n_out=n_out, N=n, scales=tag, relerr=rel,
+            y2 = gemv_mmh.gemv_mmh(x, w, IQ4_XS, n_out, torch.empty_like(out), **kw).cpu().numpy()[:, pick]
+            res.append(dict(kind="check", n_in=n_in, n_out=n_out, N=n, scales=tag + str(kw), relerr=rel,
                             repeat_equal=bool((y == y2).all()), ok=rel < 1e-5 and bool((y == y2).all())))
     return res
 
@@ -77,7 +78,8 @@ def timeit(n_in, n_out, ns, gen, min_bytes=1.5e9):
         if n in (1, 5):
             for rt, nb, mb in VARIANTS:
                 impls[f"mmh_{rt}_{nb}_{mb}"] = (lambda rt, nb, mb: lambda w, o: gemv_mmh.gemv_mmh(
-                    x, w, IQ4_XS, n_out, o, rt=rt, nb=nb, minb=mb))(rt, nb, mb)
+                    x, w, IQ4_XS, n_out, o, rt=rt or None, nb=nb if rt else None, minb=mb or None,
+                    pipe=0 if rt else nb))(rt, nb, mb)
         for name, fn in impls.items():
             if name == "mma" and n not in (1, 5, 8):
                 continue
@@ -124,7 +126,7 @@ def main():
     print(f"copy bandwidth {bw:.0f} GB/s")
     for r in results:
         if r["kind"] == "check":
-            print(f"CHECK {r['n_in']}->{r['n_out']} N={r['N']} {r['scales']:9s} rel {r['relerr']:.2e} "
+            print(f"CHECK {r['n_in']}->{r['n_out']} N={r['N']} {r['scales']:20s} rel {r['relerr']:.2e} "
                   f"repeat {r['repeat_equal']} {'ok' if r['ok'] else 'FAIL'}")
         elif r["kind"] == "error":
             print("ERROR", r)
@@ -141,7 +143,8 @@ def main():
             print(f"| {k}→{m} | {n} | {u:.1f} | {100 * gbs / bw:.0f} % | "
                   f"{'' if cu is None else f'{cu:.1f}'} | {'' if mm is None else f'{mm:.1f}'} | "
                   f"{'' if c1 is None else f'{u / c1:.2f}'} |")
-    print("| shape | N | " + " | ".join(f"rt {rt} nb {nb} minb {mb}" for rt, nb, mb in VARIANTS) + " |")
+    print("| shape | N | " + " | ".join(f"rt {rt} nb {nb} minb {mb}" if rt else f"pipe {nb}"
+                                       for rt, nb, mb in VARIANTS) + " |")
     for k, m in shapes:
         for n in (1, 5):
             v = [t.get((f"mmh_{rt}_{nb}_{mb}", k, m, n)) for rt, nb, mb in VARIANTS]

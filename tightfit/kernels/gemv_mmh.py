@@ -40,7 +40,8 @@ _geom: dict[tuple, tuple] = {}
 
 def source() -> str:
     return ((CUDA_DIR / COMMON).read_text() + "\n// ---- gemv_mma.cuh\n"
-            + (CUDA_DIR / _mma.MMA).read_text() + "\n// ---- " + MMH + "\n"
+            + (CUDA_DIR / _mma.MMA).read_text() + "\n// ---- gemv_mma_pipe.cuh\n"
+            + (CUDA_DIR / _mma.PIPE).read_text() + "\n// ---- " + MMH + "\n"
             + (CUDA_DIR / MMH).read_text())
 
 
@@ -52,23 +53,29 @@ def available() -> bool:
     return torch.cuda.is_available() and _rt.cupy() is not None
 
 
-def _fn(device: int, rt: int, nb: int, minb: int):
-    key = (device, rt, nb, minb)
+def _fn(device: int, rt: int, nb: int, minb: int, pipe: int = 0):
+    key = (device, rt, nb, minb, pipe)
     fn = _fns.get(key)
     if fn is None:
         with _lock:
             fn = _fns.get(key)
             if fn is None:
                 cp = _rt.cupy()
-                name = f"tf_mmh_iq4<{rt}, {nb}>"
+                name = f"tf_mmh_pipe<{pipe}>" if pipe else f"tf_mmh_iq4<{rt}, {nb}>"
                 with cp.cuda.Device(device):
                     mod = cp.RawModule(code=source(), options=("-std=c++17",
                                                                f"-DTF_MMH_MINB={minb}"),
                                        name_expressions=[name])
                     fn = mod.get_function(name)
-                    fn.max_dynamic_shared_size_bytes = LUT_BYTES
+                    fn.max_dynamic_shared_size_bytes = smem_bytes(pipe)
                 _fns[key] = fn
     return fn
+
+
+def smem_bytes(pipe: int = 0) -> int:
+    """Dynamic shared memory per CTA: the table, plus the per-warp rings of the pipelined kernel
+    (pipe = its stages; gemv_mma.pipe_smem's layout at RT = 1)."""
+    return LUT_BYTES + (_mma.pipe_smem(23, 1, pipe) if pipe else 0)
 
 
 def geometry(n_in: int, n_out: int, sms: int, rt: int = DEFAULT_RT,
@@ -96,7 +103,7 @@ def prepare(device=None, n_out: int = 0, rt: int = DEFAULT_RT, nb: int = DEFAULT
 
 def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
              rt: int | None = None, nb: int | None = None,
-             minb: int | None = None) -> torch.Tensor:
+             minb: int | None = None, pipe: int = 0) -> torch.Tensor:
     """out[N, n_out] (fp32) = x[N, K] (fp32, contiguous) . W^T, W = IQ4_XS raw blocks [n_out, K]."""
     if not supported(qtype):
         raise ValueError(f"MMH GEMV: GGML type {qtype} is not supported (IQ4_XS only)")
@@ -118,18 +125,24 @@ def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: 
     if w_raw.data_ptr() % 16 or x.data_ptr() % 16:
         raise ValueError("MMH GEMV: weights and x must be 16-byte aligned")
     dev = w_raw.device
-    key = (k, int(n_out), dev.index, rt, minb)
+    if pipe:
+        rt, minb = 1, 1
+    key = (k, int(n_out), dev.index, rt, minb, pipe)
     ctas = _geom.get(key)
     if ctas is None:
-        ctas = _geom[key] = geometry(k, int(n_out), _mma._sms(dev.index), rt, minb)
+        if pipe:        # items of 2 blocks (M_IQ4_XS::U) per 16-row tile, one CTA per SM
+            items = -(-int(n_out) // 16) * -(-(k // 256) // 2)
+            ctas = _geom[key] = -(-min(items, _mma._sms(dev.index) * WARPS) // WARPS)
+        else:
+            ctas = _geom[key] = geometry(k, int(n_out), _mma._sms(dev.index), rt, minb)
     ws = _mma._workspace(dev.index, -(-int(n_out) // 16), ctas * WARPS)
-    fn = _fn(dev.index, rt, nb, minb)
+    fn = _fn(dev.index, rt, nb, minb if not pipe else 2, pipe)
     stream = _rt.stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
     with stream:
         fn((ctas, 1, 1), (THREADS, 1, 1),
            (np.uint64(w_raw.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()),
             np.int32(n_out), np.int32(k), np.int32(n), np.uint64(ws.cnt), np.uint64(ws.part)),
-           shared_mem=LUT_BYTES)
+           shared_mem=smem_bytes(pipe))
     return out
 
 

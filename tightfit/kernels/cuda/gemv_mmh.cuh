@@ -254,3 +254,98 @@ tf_mmh_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __
   }
 }
 #endif  // TF_DEVICE
+
+// ------------------------------------------------------------------ pipelined variant
+// tf_mmh_pipe<NST>: tf_mmh_iq4<1, 1>'s arithmetic with the weights staged through gemv_mma_pipe's
+// per-warp cp.async ring (RT = 1: 16-row tiles, items of U = M_IQ4_XS::U = 2 blocks, i.e. 272
+// contiguous bytes per row per copy) behind the table, one CTA per SM. Session 17: more warps
+// (3 CTAs per SM) and register prefetch (nb 2-4) made tf_mmh_iq4 slower, so whether it waits on
+// how it reads DRAM (16-byte pieces of 16 rows per load instruction) rather than on instructions
+// is what this variant measures: its loads are contiguous per row and need no registers.
+// Shared memory: [0, LUT_BYTES) the table, then 8 warps x NST stages (tf_mmp_geo).
+#if TF_DEVICE
+template <int NST>
+__global__ void __launch_bounds__(TF_MMH_THREADS, 1)
+tf_mmh_pipe(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
+            int n_out, int K, int ncols, int* cnt, float* part) {
+  using M = M_IQ4_XS;
+  using G = tf_mmp_geo<M, 1, NST>;
+  constexpr int U = G::U;
+  tf_mmh_fill_iq4(tf_mmh_lut);
+  uint32_t lut;
+  asm("mov.u32 %0, tf_mmh_lut;" : "=r"(lut));
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const uint32_t l4 = 4u * (uint32_t)lane;
+  const int nb = K >> 8;
+  const uint32_t rowbytes = (uint32_t)nb * M::BB;
+  const int spt = (nb + U - 1) / U;
+  const int groups = (n_out + 15) >> 4;
+  const tf_mma_ix items = (tf_mma_ix)groups * spt;
+  const tf_mma_ix nw = (tf_mma_ix)gridDim.x * TF_MMA_WARPS;
+  const tf_mma_ix gw = (tf_mma_ix)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
+  int it = (int)(items * gw / nw);
+  const int iend = (int)(items * (gw + 1) / nw);
+  const uint32_t woff = TF_MMH_LUT_BYTES + (threadIdx.x >> 5) * G::WARP_BYTES;
+  const uint8_t* ring = (const uint8_t*)tf_mmh_lut + woff;
+  const uint32_t ring_s = lut + woff;
+  const bool xon = g < ncols;
+  const float* __restrict__ xc = x + (uint64_t)(xon ? g : 0) * K + 4 * t;
+#pragma unroll
+  for (int p = 0; p < NST - 1; ++p) {
+    const int j = it + p;
+    if (j < iend) {
+      const int jg = j / spt;
+      tf_mmp_issue<M, 1, NST>(W, ring_s + p * G::STAGE, lane, jg, j - jg * spt, nb, n_out, rowbytes);
+    }
+    tf_mmp_commit();
+  }
+  int stage = 0;
+  while (it < iend) {                                        // warp-uniform
+    const int tg = it / spt, s0 = it - tg * spt;
+    const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
+    float acc[1][1][4] = {{{0.f, 0.f, 0.f, 0.f}}};
+    const int ra = tg * 16 + g, rb = ra + 8;
+    const uint32_t rowa = (uint32_t)(ra < n_out ? ra : n_out - 1) * rowbytes;
+    const uint32_t rowb = (uint32_t)(rb < n_out ? rb : n_out - 1) * rowbytes;
+    for (int s = s0; s < s1; ++s) {
+      {
+        const int j = it + (s - s0) + NST - 1;
+        if (j < iend) {
+          const int jg = j / spt;
+          const int fill = stage == 0 ? NST - 1 : stage - 1;
+          tf_mmp_issue<M, 1, NST>(W, ring_s + fill * G::STAGE, lane, jg, j - jg * spt, nb, n_out,
+                                  rowbytes);
+        }
+      }
+      tf_mmp_commit();
+      tf_mmp_wait<NST - 1>();
+      __syncwarp();
+      const uint8_t* sb = ring + stage * G::STAGE;
+      const uint32_t soff = (uint32_t)s * (U * M::BB);
+      const uint8_t* pa = sb + g * G::SR + ((rowa + soff) & 15u);
+      const uint8_t* pb = sb + (8 + g) * G::SR + ((rowb + soff) & 15u);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int b = s * U + u;
+        if (b < nb) {
+          tf_mmh_raw<1> r;
+          tf_mma_ld8(pa + u * M::BB, r.h[0][0], r.h[0][1]);
+          tf_mma_ld8(pb + u * M::BB, r.h[1][0], r.h[1][1]);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            r.q[0][j] = tf_ld_u32(pa + u * M::BB + 8 + 16 * j + 4 * t);
+            r.q[1][j] = tf_ld_u32(pb + u * M::BB + 8 + 16 * j + 4 * t);
+          }
+          tf_mmh_block<1>(r, xc + b * 256, xon, lut, l4, acc);
+        }
+      }
+      __syncwarp();
+      stage = stage + 1 == NST ? 0 : stage + 1;
+    }
+    tf_mma_finish<1, 1>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt, spt, cnt, part, acc);
+    it += s1 - s0;
+  }
+  tf_mmp_wait<0>();
+}
+#endif  // TF_DEVICE
