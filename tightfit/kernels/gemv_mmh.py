@@ -22,6 +22,7 @@ from tightfit.kernels import gemv_mma as _mma
 from tightfit.kernels.cuda_source import CUDA_DIR, COMMON
 
 MMH = "gemv_mmh.cuh"
+BB = 136                       # IQ4_XS block bytes
 THREADS = 256
 WARPS = THREADS // 32
 LUT_BYTES = 65536
@@ -117,7 +118,7 @@ def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: 
     n, k = x.shape
     if not 1 <= n <= MAX_N:
         raise ValueError(f"MMH GEMV: {n} columns (1..{MAX_N})")
-    if k % 256 or w_raw.numel() != int(n_out) * (k // 256) * 136:
+    if k % 256 or w_raw.numel() != int(n_out) * (k // 256) * BB:
         raise ValueError(f"MMH GEMV: weights of {w_raw.numel()} B do not hold {n_out} rows of "
                          f"{k} IQ4_XS weights")
     if out.dtype != torch.float32 or out.shape != (n, int(n_out)) or not out.is_contiguous():
@@ -160,3 +161,62 @@ def gemv_mmh_ref(x: np.ndarray, w_raw: np.ndarray, n_out: int) -> np.ndarray:
     k = x.shape[1]
     w = dequantize(np.asarray(w_raw, dtype=np.uint8).reshape(-1), 23, (n_out, k))
     return bf16_round(x) @ w.astype(np.float64).T
+
+
+# ---------------------------------------------------------------- host harness (g++, no GPU)
+_HOST_DRIVER = r"""
+// ---- host driver (gemv_mmh.py)
+// Lane (g, t)'s decode of one IQ4_XS block, by the header's own functions: for group j and byte m
+// of the lane's word, the table row and word its PRMT address names (row[j][m], word[j][m]), the
+// entry of that row (entry[j][m]: bf16 low / high halves), and the group's ls - 32 (f[j]).
+extern "C" void tf_mmh_host_lane(const uint8_t* blk, int g, int t, uint32_t* row, uint32_t* word,
+                                 uint32_t* entry, float* f) {
+  const int lane = 4 * g + t;
+  uint32_t h0, h1, ue, uo;
+  memcpy(&h0, blk, 4); memcpy(&h1, blk + 4, 4);
+  tf_mmh_iq4_ls(h0, h1, ue, uo);
+  for (int j = 0; j < 8; ++j) {
+    uint32_t w; memcpy(&w, blk + 8 + 16 * j + 4 * t, 4);
+    for (int m = 0; m < 4; ++m) {
+      const uint32_t a = tf_mmh_addr(w, 4u * (uint32_t)lane, m);
+      row[4 * j + m] = a >> 8;
+      word[4 * j + m] = (a & 255u) >> 2;
+      entry[4 * j + m] = tf_mmh_iq4_entry(a >> 8);
+    }
+    f[j] = tf_mmh_ls_f32(j & 1 ? uo : ue, j >> 1);
+  }
+}
+"""
+_host_lib: list = []
+
+
+def _host():
+    import ctypes
+    from tightfit.kernels.cuda_host import compile_host
+    with _lock:
+        if not _host_lib:
+            src = ((CUDA_DIR / COMMON).read_text() + "\n" + (CUDA_DIR / _mma.MMA).read_text()
+                   + "\n" + (CUDA_DIR / MMH).read_text() + _HOST_DRIVER)
+            lib = ctypes.CDLL(str(compile_host(src)))
+            P = ctypes.c_void_p
+            lib.tf_mmh_host_lane.argtypes = [P, ctypes.c_int, ctypes.c_int, P, P, P, P]
+            lib.tf_mmh_host_lane.restype = None
+            _host_lib.append(lib)
+    return _host_lib[0]
+
+
+def host_lane(blk: np.ndarray, g: int, t: int) -> dict[str, np.ndarray]:
+    """The header's decode of one 136-byte IQ4_XS block for lane (g, t), on the CPU: per group j
+    and byte m (arrays [8, 4]) the table row / word its address names and that row's entry (uint32:
+    bf16 low half | high half << 16), and per group the scale factor ls - 32 (float32 [8])."""
+    buf = np.zeros(BB + 8, np.uint8)
+    buf[:BB] = np.asarray(blk, dtype=np.uint8).reshape(-1)[:BB]
+    row, word, entry = (np.zeros(32, np.uint32) for _ in range(3))
+    f = np.zeros(8, np.float32)
+    _host().tf_mmh_host_lane(buf.ctypes.data, int(g), int(t), row.ctypes.data, word.ctypes.data,
+                             entry.ctypes.data, f.ctypes.data)
+    return dict(row=row.reshape(8, 4), word=word.reshape(8, 4), entry=entry.reshape(8, 4), f=f)
+
+
+def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
+    return (np.asarray(b, dtype=np.uint32) << 16).astype(np.uint32).view(np.float32)

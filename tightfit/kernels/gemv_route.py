@@ -240,6 +240,41 @@ def mma_routed(qtype: int, n: int, w: torch.Tensor, weights: int | None = None) 
                          torch.cuda.current_device())
 
 
+# IQ4_XS products of MMH_MIN_N..8 columns on matrices of at least MMH_MIN_WEIGHTS weights run on
+# the bf16 byte-table kernel (gemv_mmh), which reads the fp32 activations and decodes a byte of
+# codes with one PRMT and one shared-memory load. Measured on the H200 (session 17, bench/mmh.py,
+# µs per matrix, random weights): N = 5 5120->17408 28.9 against gemv_mma's 32.1, 17408->5120
+# 31.2 / 34.7, 5120->12288 22.1 / 24.6, 5120->10240 20.4 / 22.8; N = 4 on the same shapes 20-30 %
+# below gemv_cuda; but N = 3 only ties, 5120->6144 and smaller lose, and at N = 1 it takes 1.5x
+# gemv_cuda (26 against 18 us). TIGHTFIT_GEMV_MMH=0 turns it off.
+MMH_MIN_N = 4
+MMH_MIN_WEIGHTS = 40 << 20
+
+
+def _mmh_on() -> bool:
+    return os.environ.get("TIGHTFIT_GEMV_MMH", "1").strip() not in ("", "0", "off", "false", "no")
+
+
+def mmh_routed(qtype: int, n: int, w: torch.Tensor, weights: int | None) -> bool:
+    """Whether an N-column product of a matrix of `weights` = n_in * n_out weights runs on gemv_mmh
+    (given fp32 activations): switch on, IQ4_XS, MMH_MIN_N <= N <= 8, a wide matrix, weights
+    16-byte aligned on an sm_80+ CUDA device (bf16 mma.sync) with cupy."""
+    from tightfit.kernels import gemv_mmh
+    if not _mmh_on() or not gemv_mmh.supported(qtype) or not MMH_MIN_N <= int(n) <= gemv_mmh.MAX_N:
+        return False
+    if weights is None or int(weights) < MMH_MIN_WEIGHTS or not w.is_cuda or w.data_ptr() % 16:
+        return False
+    from tightfit.kernels import gemv_mma
+    return gemv_mmh.available() and gemv_mma.capable(
+        w.device.index if w.device.index is not None else torch.cuda.current_device())
+
+
+def mmh_input(x: torch.Tensor | None) -> bool:
+    """x can be gemv_mmh's operand as it is: fp32, 2-D, contiguous, 16-byte aligned."""
+    return (x is not None and x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous()
+            and x.data_ptr() % 16 == 0)
+
+
 def gemv_act(act, w: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
              workspace: torch.Tensor | None = None) -> torch.Tensor:
     """y = x . W^T from prepared activations, on the kernel the layout names."""
@@ -261,8 +296,13 @@ def gemv_cuda_direct(x: torch.Tensor, w: torch.Tensor, qtype: int, n_out: int):
     if not (x.is_cuda and cuda_routed(qtype)) or x.shape[1] % 32:
         return None
     from tightfit.kernels.gemv_cuda import gemv_cuda
-    qa = quantize_act(x.to(torch.float32).contiguous(), 0)
     out = torch.empty((x.shape[0], int(n_out)), dtype=torch.float32, device=x.device)
+    if mmh_routed(qtype, int(x.shape[0]), w, int(x.shape[1]) * int(n_out)):
+        xf = x.to(torch.float32).contiguous()
+        if mmh_input(xf):
+            from tightfit.kernels.gemv_mmh import gemv_mmh
+            return gemv_mmh(xf, w, int(qtype), int(n_out), out)
+    qa = quantize_act(x.to(torch.float32).contiguous(), 0)
     if mma_routed(qtype, int(x.shape[0]), w, int(x.shape[1]) * int(n_out)):
         from tightfit.kernels.gemv_mma import gemv_mma
         return gemv_mma(qa, w, int(qtype), int(n_out), out)
@@ -270,6 +310,7 @@ def gemv_cuda_direct(x: torch.Tensor, w: torch.Tensor, qtype: int, n_out: int):
 
 
 __all__ = ["SMALL_TYPES", "CUDA_LAYOUT", "cuda_routed", "mma_routed", "MMA_MIN_N", "mma_min_n",
+           "mmh_routed", "mmh_input", "MMH_MIN_N", "MMH_MIN_WEIGHTS",
            "MMA_MIN_N_BY_SIZE",
            "is_cuda", "producer_writable", "gemv_cuda_direct",
            "act_layout", "is_small", "act_buffers", "make_act", "new_act",

@@ -280,7 +280,11 @@ class VerifyGraph:
         for name, out in pairs:
             L = self.m.lin[name]
             if L.kind == "quant":
-                from tightfit.kernels.gemv_route import gemv_act, quantize_into
+                from tightfit.kernels.gemv_route import gemv_act, quantize_into, mmh_input, mmh_routed
+                if mmh_input(x) and mmh_routed(L.qtype, M, L.raw, x.shape[1] * L.n_out):
+                    from tightfit.kernels.gemv_mmh import gemv_mmh      # fp32 x, no quantization
+                    gemv_mmh(x, L.raw, L.qtype, L.n_out, out)
+                    continue
                 lay = self.layout[name]
                 if lay not in acts and (M, inp, lay) in self._fresh:   # written by its producer
                     self._fresh.discard((M, inp, lay))
@@ -293,6 +297,9 @@ class VerifyGraph:
                 gm.gemv(x, L.raw, L.qtype, L.n_out, L.n_in, out=out)
             else:
                 L.ref(x, out)
+        # a producer's quantized copy of this input that only gemv_mmh consumers skipped must not
+        # pass for the NEXT producer's output of the same buffer
+        self._fresh = {f for f in self._fresh if f[:2] != (M, inp)}
 
     # ---- the pass -----------------------------------------------------------------------------
     def _gdn(self, il: int, st: Any, B: _Views, M: int) -> None:
