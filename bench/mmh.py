@@ -92,7 +92,7 @@ def timeit(n_in, n_out, ns, gen, min_bytes=1.5e9):
                                 GBps=nbytes / (ms * 1e-3) / 1e9, sets=sets))
             except Exception as e:  # noqa: BLE001
                 res.append(dict(kind="error", impl=name, N=n, err=repr(e)[:300]))
-    del ws
+    ws.clear()
     torch.cuda.empty_cache()
     return res
 
