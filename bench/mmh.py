@@ -29,7 +29,9 @@ from tightfit.kernels import gemv_mmh  # noqa: E402
 from tightfit.kernels.quantize_act import quantize_act  # noqa: E402
 
 IQ4_XS, BB = 23, 136
-VARIANTS = [(1, 1, 2), (2, 1, 2), (0, 2, 0), (0, 3, 0)]   # (rt, nb, minb); rt 0: pipe with nb stages
+# (rt, nb, minb, defines); rt 0: the pipelined kernel with nb stages
+VARIANTS = [(1, 1, 2, ()), (2, 1, 2, ()), (1, 1, 2, ("TF_MMH_WNA=1",)), (1, 1, 2, ("TF_MMH_PF=1",)),
+            (1, 1, 2, ("TF_MMH_PF=2",)), (1, 1, 2, ("TF_MMH_WNA=1", "TF_MMH_PF=1"))]
 
 
 def rand_iq4(n_out: int, n_in: int, gen, lo: float, hi: float) -> torch.Tensor:
@@ -76,10 +78,10 @@ def timeit(n_in, n_out, ns, gen, min_bytes=1.5e9):
                  "cu": lambda w, o: gemv_cuda(qa, w, IQ4_XS, n_out, o),
                  "mma": lambda w, o: gemv_mma(qa, w, IQ4_XS, n_out, o)}
         if n in (1, 5):
-            for rt, nb, mb in VARIANTS:
-                impls[f"mmh_{rt}_{nb}_{mb}"] = (lambda rt, nb, mb: lambda w, o: gemv_mmh.gemv_mmh(
+            for i, (rt, nb, mb, df) in enumerate(VARIANTS):
+                impls[f"mmh_v{i}"] = (lambda rt, nb, mb, df: lambda w, o: gemv_mmh.gemv_mmh(
                     x, w, IQ4_XS, n_out, o, rt=rt or None, nb=nb if rt else None, minb=mb or None,
-                    pipe=0 if rt else nb))(rt, nb, mb)
+                    pipe=0 if rt else nb, defines=df))(rt, nb, mb, df)
         for name, fn in impls.items():
             if name == "mma" and n not in (1, 5, 8):
                 continue
@@ -143,11 +145,12 @@ def main():
             print(f"| {k}→{m} | {n} | {u:.1f} | {100 * gbs / bw:.0f} % | "
                   f"{'' if cu is None else f'{cu:.1f}'} | {'' if mm is None else f'{mm:.1f}'} | "
                   f"{'' if c1 is None else f'{u / c1:.2f}'} |")
-    print("| shape | N | " + " | ".join(f"rt {rt} nb {nb} minb {mb}" if rt else f"pipe {nb}"
-                                       for rt, nb, mb in VARIANTS) + " |")
+    print("| shape | N | " + " | ".join((f"rt {rt} nb {nb} minb {mb}" if rt else f"pipe {nb}")
+                                       + "".join(" " + d for d in df)
+                                       for rt, nb, mb, df in VARIANTS) + " |")
     for k, m in shapes:
         for n in (1, 5):
-            v = [t.get((f"mmh_{rt}_{nb}_{mb}", k, m, n)) for rt, nb, mb in VARIANTS]
+            v = [t.get((f"mmh_v{i}", k, m, n)) for i in range(len(VARIANTS))]
             print(f"| {k}→{m} | {n} | " + " | ".join("" if u is None else f"{u:.1f}" for u in v) + " |")
 
 

@@ -54,8 +54,8 @@ def available() -> bool:
     return torch.cuda.is_available() and _rt.cupy() is not None
 
 
-def _fn(device: int, rt: int, nb: int, minb: int, pipe: int = 0):
-    key = (device, rt, nb, minb, pipe)
+def _fn(device: int, rt: int, nb: int, minb: int, pipe: int = 0, defines: tuple = ()):
+    key = (device, rt, nb, minb, pipe, defines)
     fn = _fns.get(key)
     if fn is None:
         with _lock:
@@ -65,7 +65,8 @@ def _fn(device: int, rt: int, nb: int, minb: int, pipe: int = 0):
                 name = f"tf_mmh_pipe<{pipe}>" if pipe else f"tf_mmh_iq4<{rt}, {nb}>"
                 with cp.cuda.Device(device):
                     mod = cp.RawModule(code=source(), options=("-std=c++17",
-                                                               f"-DTF_MMH_MINB={minb}"),
+                                                               f"-DTF_MMH_MINB={minb}")
+                                       + tuple(f"-D{d}" for d in defines),
                                        name_expressions=[name])
                     fn = mod.get_function(name)
                     fn.max_dynamic_shared_size_bytes = smem_bytes(pipe)
@@ -104,7 +105,7 @@ def prepare(device=None, n_out: int = 0, rt: int = DEFAULT_RT, nb: int = DEFAULT
 
 def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
              rt: int | None = None, nb: int | None = None,
-             minb: int | None = None, pipe: int = 0) -> torch.Tensor:
+             minb: int | None = None, pipe: int = 0, defines: tuple = ()) -> torch.Tensor:
     """out[N, n_out] (fp32) = x[N, K] (fp32, contiguous) . W^T, W = IQ4_XS raw blocks [n_out, K]."""
     if not supported(qtype):
         raise ValueError(f"MMH GEMV: GGML type {qtype} is not supported (IQ4_XS only)")
@@ -137,7 +138,7 @@ def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: 
         else:
             ctas = _geom[key] = geometry(k, int(n_out), _mma._sms(dev.index), rt, minb)
     ws = _mma._workspace(dev.index, -(-int(n_out) // 16), ctas * WARPS)
-    fn = _fn(dev.index, rt, nb, minb if not pipe else 2, pipe)
+    fn = _fn(dev.index, rt, nb, minb if not pipe else 2, pipe, tuple(defines))
     stream = _rt.stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
     with stream:
         fn((ctas, 1, 1), (THREADS, 1, 1),

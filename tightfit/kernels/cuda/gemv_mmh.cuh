@@ -123,15 +123,45 @@ TF_DEV void tf_mmh_fill_iq4(uint32_t* lut) {
 // and the 8 qs words (bytes 16j + 4t .. 16j + 4t + 3 of group j).
 template <int RT> struct tf_mmh_raw { uint32_t h[2 * RT][2], q[2 * RT][8]; };
 
+// TF_MMH_WNA (experiment, session 17): the weights are read once, so their loads may skip L1
+// allocation (ld.global.nc.L1::no_allocate), leaving L1 to x; TF_MMH_PF = d > 0: each lane asks L2
+// for its rows' block b + d (prefetch.global.L2) as block b's words are loaded.
+#ifndef TF_MMH_WNA
+#define TF_MMH_WNA 0
+#endif
+#ifndef TF_MMH_PF
+#define TF_MMH_PF 0
+#endif
+TF_DEV uint32_t tf_mmh_ldw(const uint8_t* p) {
+#if TF_DEVICE && TF_MMH_WNA
+  uint32_t v;
+  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+#else
+  return tf_ld_u32(p);
+#endif
+}
+TF_DEV void tf_mmh_ldw8(const uint8_t* p, uint32_t& a, uint32_t& b) {
+#if TF_DEVICE && TF_MMH_WNA
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "l"(p));
+#else
+  tf_mma_ld8(p, a, b);
+#endif
+}
+
 template <int RT>
 TF_DEV void tf_mmh_load(tf_mmh_raw<RT>& r, const uint8_t* const __restrict__ (&wr)[2 * RT], int b,
                         int t) {
 #pragma unroll
   for (int i = 0; i < 2 * RT; ++i) {
     const uint8_t* blk = wr[i] + (uint64_t)b * 136;
-    tf_mma_ld8(blk, r.h[i][0], r.h[i][1]);
+    tf_mmh_ldw8(blk, r.h[i][0], r.h[i][1]);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) r.q[i][j] = tf_ld_u32(blk + 8 + 16 * j + 4 * t);
+    for (int j = 0; j < 8; ++j) r.q[i][j] = tf_mmh_ldw(blk + 8 + 16 * j + 4 * t);
+#if TF_DEVICE && TF_MMH_PF > 0
+    // lanes t = 0..3 of the row touch its block b + PF's 136 bytes (every 32-byte sector + 1)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(blk + TF_MMH_PF * 136 + 40 * t));
+#endif
   }
 }
 
