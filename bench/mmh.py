@@ -30,8 +30,7 @@ from tightfit.kernels.quantize_act import quantize_act  # noqa: E402
 
 IQ4_XS, BB = 23, 136
 # (rt, nb, minb, defines); rt 0: the pipelined kernel with nb stages
-VARIANTS = [(1, 1, 2, ()), (2, 1, 2, ()), (1, 1, 2, ("TF_MMH_WNA=1",)), (1, 1, 2, ("TF_MMH_PF=1",)),
-            (1, 1, 2, ("TF_MMH_PF=2",)), (1, 1, 2, ("TF_MMH_WNA=1", "TF_MMH_PF=1"))]
+VARIANTS = [(1, 1, 2, ()), (2, 1, 2, ()), (0, 1, 0, ()), (0, 2, 0, ())]
 
 
 def rand_iq4(n_out: int, n_in: int, gen, lo: float, hi: float) -> torch.Tensor:
@@ -51,7 +50,7 @@ def check(n_in, n_out, ns, gen, rows=96):
             0, n_out, rows), [n_out - 1]]))
         wr = w.view(n_out, -1)[torch.as_tensor(pick, device="cuda")].cpu().numpy()
         for n in ns:
-          for kw in ({}, {"pipe": 2}):
+          for kw in ({}, {"pipe": 1}, {"pipe": 2}):
             x = torch.randn(n, n_in, device="cuda")
             out = torch.empty(n, n_out, device="cuda")
             y = gemv_mmh.gemv_mmh(x, w, IQ4_XS, n_out, out, **kw).cpu().numpy()[:, pick]

@@ -62,7 +62,8 @@ def _fn(device: int, rt: int, nb: int, minb: int, pipe: int = 0, defines: tuple 
             fn = _fns.get(key)
             if fn is None:
                 cp = _rt.cupy()
-                name = f"tf_mmh_pipe<{pipe}>" if pipe else f"tf_mmh_iq4<{rt}, {nb}>"
+                name = ("tf_mmh_pipe1" if pipe == 1 else f"tf_mmh_pipe<{pipe}>") if pipe else \
+                    f"tf_mmh_iq4<{rt}, {nb}>"
                 with cp.cuda.Device(device):
                     mod = cp.RawModule(code=source(), options=("-std=c++17",
                                                                f"-DTF_MMH_MINB={minb}")
@@ -77,6 +78,8 @@ def _fn(device: int, rt: int, nb: int, minb: int, pipe: int = 0, defines: tuple 
 def smem_bytes(pipe: int = 0) -> int:
     """Dynamic shared memory per CTA: the table, plus the per-warp rings of the pipelined kernel
     (pipe = its stages; gemv_mma.pipe_smem's layout at RT = 1)."""
+    if pipe == 1:       # tf_mmh_p1: 8 warps x 2 stages x 16 rows x 176 B
+        return LUT_BYTES + WARPS * 2 * 16 * 176
     return LUT_BYTES + (_mma.pipe_smem(23, 1, pipe) if pipe else 0)
 
 
@@ -132,9 +135,12 @@ def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: 
     key = (k, int(n_out), dev.index, rt, minb, pipe)
     ctas = _geom.get(key)
     if ctas is None:
-        if pipe:        # items of 2 blocks (M_IQ4_XS::U) per 16-row tile, one CTA per SM
-            items = -(-int(n_out) // 16) * -(-(k // 256) // 2)
-            ctas = _geom[key] = -(-min(items, _mma._sms(dev.index) * WARPS) // WARPS)
+        if pipe:        # items of 2 blocks (M_IQ4_XS::U) per 16-row tile, one CTA per SM;
+            # pipe 1: one block per item, two CTAs per SM
+            per = 1 if pipe == 1 else 2
+            items = -(-int(n_out) // 16) * -(-(k // 256) // per)
+            cps = 2 if pipe == 1 else 1
+            ctas = _geom[key] = -(-min(items, _mma._sms(dev.index) * cps * WARPS) // WARPS)
         else:
             ctas = _geom[key] = geometry(k, int(n_out), _mma._sms(dev.index), rt, minb)
     ws = _mma._workspace(dev.index, -(-int(n_out) // 16), ctas * WARPS)

@@ -379,3 +379,113 @@ tf_mmh_pipe(const uint8_t* __restrict__ W, const float* __restrict__ x, float* _
   tf_mmp_wait<0>();
 }
 #endif  // TF_DEVICE
+
+// ------------------------------------------------------------------ pipelined, one block per item
+// tf_mmh_pipe1: the pipelined kernel with items of ONE block per 16-row tile and a 2-stage ring,
+// so table + ring fit twice per SM (64 KB + 8 warps x 2 x 16 x 176 B = 109 KB per CTA).
+// Session 17, Nsight Compute: tf_mmh_iq4 keeps L1 ~80 % busy at N = 5 (2.4 M global + 1.5 M
+// shared wavefronts for one 5120 x 17408 product): each of its 4-byte weight loads touches 8 rows'
+// lines (8 wavefronts per 128 bytes); a cp.async chunk copy touches one line per 8 lanes and the
+// fragment reads from the ring one wavefront per warp load.
+struct tf_mmh_p1 {
+  static constexpr int CPR = (136 + 15 + 15) / 16;                // 16-byte chunks per row slot
+  static constexpr int SR = (CPR & 1) ? 16 * CPR : 16 * CPR + 16;  // slot stride, 16 mod 32
+  static constexpr int STAGE = 16 * SR;
+  static constexpr int NST = 2;
+  static constexpr int WARP_BYTES = NST * STAGE;
+  static constexpr int CTA_BYTES = TF_MMA_WARPS * WARP_BYTES;
+  static constexpr int CPL = (16 * CPR + 31) / 32;                 // copies per lane
+};
+
+#if TF_DEVICE
+// copies of item (tg, b): block b of the 16 rows of tile tg into stage buffer sb (shared address)
+TF_DEV void tf_mmh_p1_issue(const uint8_t* __restrict__ W, uint32_t sb, int lane, int tg, int b,
+                            int n_out, uint32_t rowbytes) {
+  using G = tf_mmh_p1;
+#pragma unroll
+  for (int i = 0; i < G::CPL; ++i) {
+    const int idx = lane + 32 * i;
+    if (idx < 16 * G::CPR) {
+      const int r = idx / G::CPR, c = idx - r * G::CPR;
+      int row = tg * 16 + r;
+      row = row < n_out ? row : n_out - 1;
+      const uint64_t off = (uint64_t)row * rowbytes + (uint64_t)b * 136;
+      const int n = (int)(off & 15u) + 136 - 16 * c;
+      if (n > 0)
+        tf_mmp_cp16(sb + r * G::SR + 16 * c, W + ((off & ~(uint64_t)15) + 16 * c), n < 16 ? n : 16);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(TF_MMH_THREADS, 2)
+tf_mmh_pipe1(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
+             int n_out, int K, int ncols, int* cnt, float* part) {
+  using G = tf_mmh_p1;
+  constexpr int NST = G::NST;
+  tf_mmh_fill_iq4(tf_mmh_lut);
+  uint32_t lut;
+  asm("mov.u32 %0, tf_mmh_lut;" : "=r"(lut));
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const uint32_t l4 = 4u * (uint32_t)lane;
+  const int nb = K >> 8;
+  const uint32_t rowbytes = (uint32_t)nb * 136;
+  const int spt = nb;
+  const int groups = (n_out + 15) >> 4;
+  const tf_mma_ix items = (tf_mma_ix)groups * spt;
+  const tf_mma_ix nw = (tf_mma_ix)gridDim.x * TF_MMA_WARPS;
+  const tf_mma_ix gw = (tf_mma_ix)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
+  int it = (int)(items * gw / nw);
+  const int iend = (int)(items * (gw + 1) / nw);
+  const uint32_t woff = TF_MMH_LUT_BYTES + (threadIdx.x >> 5) * G::WARP_BYTES;
+  const uint8_t* ring = (const uint8_t*)tf_mmh_lut + woff;
+  const uint32_t ring_s = lut + woff;
+  const bool xon = g < ncols;
+  const float* __restrict__ xc = x + (uint64_t)(xon ? g : 0) * K + 4 * t;
+#pragma unroll
+  for (int p = 0; p < NST - 1; ++p) {
+    const int j = it + p;
+    if (j < iend) tf_mmh_p1_issue(W, ring_s + p * G::STAGE, lane, j / spt, j % spt, n_out, rowbytes);
+    tf_mmp_commit();
+  }
+  int stage = 0;
+  while (it < iend) {                                        // warp-uniform
+    const int tg = it / spt, s0 = it - tg * spt;
+    const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
+    float acc[1][1][4] = {{{0.f, 0.f, 0.f, 0.f}}};
+    const int ra = tg * 16 + g, rb = ra + 8;
+    const uint32_t rowa = (uint32_t)(ra < n_out ? ra : n_out - 1) * rowbytes;
+    const uint32_t rowb = (uint32_t)(rb < n_out ? rb : n_out - 1) * rowbytes;
+    for (int b = s0; b < s1; ++b) {
+      {
+        const int j = it + (b - s0) + NST - 1;
+        if (j < iend) {
+          const int fill = stage == 0 ? NST - 1 : stage - 1;
+          tf_mmh_p1_issue(W, ring_s + fill * G::STAGE, lane, j / spt, j % spt, n_out, rowbytes);
+        }
+      }
+      tf_mmp_commit();
+      tf_mmp_wait<NST - 1>();
+      __syncwarp();
+      const uint8_t* sb = ring + stage * G::STAGE;
+      const uint32_t boff = (uint32_t)b * 136;
+      const uint8_t* pa = sb + g * G::SR + ((rowa + boff) & 15u);
+      const uint8_t* pb = sb + (8 + g) * G::SR + ((rowb + boff) & 15u);
+      tf_mmh_raw<1> r;
+      tf_mma_ld8(pa, r.h[0][0], r.h[0][1]);
+      tf_mma_ld8(pb, r.h[1][0], r.h[1][1]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        r.q[0][j] = tf_ld_u32(pa + 8 + 16 * j + 4 * t);
+        r.q[1][j] = tf_ld_u32(pb + 8 + 16 * j + 4 * t);
+      }
+      tf_mmh_block<1>(r, xc + b * 256, xon, lut, l4, acc);
+      __syncwarp();
+      stage = stage + 1 == NST ? 0 : stage + 1;
+    }
+    tf_mma_finish<1, 1>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt, spt, cnt, part, acc);
+    it += s1 - s0;
+  }
+  tf_mmp_wait<0>();
+}
+#endif  // TF_DEVICE
