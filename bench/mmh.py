@@ -29,8 +29,7 @@ from tightfit.kernels import gemv_mmh  # noqa: E402
 from tightfit.kernels.quantize_act import quantize_act  # noqa: E402
 
 IQ4_XS, BB = 23, 136
-# (rt, nb, minb, defines); rt 0: the pipelined kernel with nb stages
-VARIANTS = [(1, 1, 2, ()), (2, 1, 2, ()), (0, 1, 0, ()), (0, 2, 0, ())]
+RTS = (1, 2)          # row tiles per warp, both timed at N = 1 and 5
 
 
 def rand_iq4(n_out: int, n_in: int, gen, lo: float, hi: float) -> torch.Tensor:
@@ -50,7 +49,7 @@ def check(n_in, n_out, ns, gen, rows=96):
             0, n_out, rows), [n_out - 1]]))
         wr = w.view(n_out, -1)[torch.as_tensor(pick, device="cuda")].cpu().numpy()
         for n in ns:
-          for kw in ({}, {"pipe": 1}, {"pipe": 2}):
+          for kw in ({"rt": 1}, {"rt": 2}):
             x = torch.randn(n, n_in, device="cuda")
             out = torch.empty(n, n_out, device="cuda")
             y = gemv_mmh.gemv_mmh(x, w, IQ4_XS, n_out, out, **kw).cpu().numpy()[:, pick]
@@ -77,10 +76,9 @@ def timeit(n_in, n_out, ns, gen, min_bytes=1.5e9):
                  "cu": lambda w, o: gemv_cuda(qa, w, IQ4_XS, n_out, o),
                  "mma": lambda w, o: gemv_mma(qa, w, IQ4_XS, n_out, o)}
         if n in (1, 5):
-            for i, (rt, nb, mb, df) in enumerate(VARIANTS):
-                impls[f"mmh_v{i}"] = (lambda rt, nb, mb, df: lambda w, o: gemv_mmh.gemv_mmh(
-                    x, w, IQ4_XS, n_out, o, rt=rt or None, nb=nb if rt else None, minb=mb or None,
-                    pipe=0 if rt else nb, defines=df))(rt, nb, mb, df)
+            for rt in RTS:
+                impls[f"mmh_rt{rt}"] = (lambda rt: lambda w, o: gemv_mmh.gemv_mmh(
+                    x, w, IQ4_XS, n_out, o, rt=rt))(rt)
         for name, fn in impls.items():
             if name == "mma" and n not in (1, 5, 8):
                 continue
@@ -144,14 +142,11 @@ def main():
             print(f"| {k}→{m} | {n} | {u:.1f} | {100 * gbs / bw:.0f} % | "
                   f"{'' if cu is None else f'{cu:.1f}'} | {'' if mm is None else f'{mm:.1f}'} | "
                   f"{'' if c1 is None else f'{u / c1:.2f}'} |")
-    print("| shape | N | " + " | ".join((f"rt {rt} nb {nb} minb {mb}" if rt else f"pipe {nb}")
-                                       + "".join(" " + d for d in df)
-                                       for rt, nb, mb, df in VARIANTS) + " |")
+    print("| shape | N | " + " | ".join(f"rt {rt}" for rt in RTS) + " |")
     for k, m in shapes:
         for n in (1, 5):
-            v = [t.get((f"mmh_v{i}", k, m, n)) for i in range(len(VARIANTS))]
+            v = [t.get((f"mmh_rt{rt}", k, m, n)) for rt in RTS]
             print(f"| {k}→{m} | {n} | " + " | ".join("" if u is None else f"{u:.1f}" for u in v) + " |")
-
 
 if __name__ == "__main__":
     main()

@@ -27,7 +27,7 @@ from _gpu_blocks import capture, rand_weights  # noqa: E402
 pytestmark = [pytest.mark.gpu]
 IQ4_XS = 23
 SHAPES = [(256, 16), (512, 40), (2304, 300), (5120, 1024), (17408, 5120), (5120, 17408)]
-KERNELS = [dict(rt=1), dict(rt=2), dict(pipe=1), dict(pipe=2)]
+KERNELS = [dict(rt=1), dict(rt=2)]
 
 
 def _check(n_in, n_out, n, kw, scale, seed=0):

@@ -1,14 +1,16 @@
 """Skinny GEMM on bf16 tensor cores with a shared-memory byte table ("mmh" path), IQ4_XS.
 
-tightfit/kernels/cuda/gemv_mmh.cuh holds the kernel (tf_mmh_iq4<RT, NB>) and says why: one PRMT and
+tightfit/kernels/cuda/gemv_mmh.cuh holds the kernel (tf_mmh_iq4<RT>) and says why: one PRMT and
 one shared-memory load turn a byte of IQ4_XS codes into a bf16x2 mma operand, where the int8
 tensor-core GEMV (gemv_mma) spends ~6 ALU operations per 8 codes plus a per-group int -> fp32
 epilogue. x is read as fp32 [N, K] (no activation quantization), y is fp32 [N, n_out]; N <= 8.
-The work split and the deterministic fixup are gemv_mma's (stream-K over 32-row tile groups x
-blocks, one wave of resident warps, its per-device workspace), so results are bitwise repeatable.
+The work split and the deterministic fixup are gemv_mma's (stream-K over 16 * RT-row tile groups
+x blocks, one wave of resident warps, its per-device workspace), so results are bitwise
+repeatable. gemv_route.mmh_routed says where it runs (IQ4_XS, 4..8 columns, wide matrices).
 
-Reference: `gemv_mmh_ref` (NumPy, the GGUF dequantization of tightfit.quant and float64 products
-of the bf16-rounded x), which tests/test_gemv_mmh.py compares with the kernel on the device.
+Reference: `gemv_mmh_ref` (tightfit.quant's dequantization, float64 products of the bf16-rounded
+x), which tests/test_gemv_mmh_device.py compares with the kernel; `host_lane` runs the header's
+decode functions on the CPU (g++), which tests/test_gemv_mmh.py compares with gguf-py.
 """
 from __future__ import annotations
 
@@ -25,24 +27,20 @@ MMH = "gemv_mmh.cuh"
 BB = 136                       # IQ4_XS block bytes
 THREADS = 256
 WARPS = THREADS // 32
-LUT_BYTES = 65536
-MINBS = (2, 3)                 # resident CTAs per SM (launch bounds: 128 / 80 registers; 64 KB of table each)
-DEFAULT_MINB = 2
+LUT_BYTES = 65536              # the table (dynamic shared memory per CTA)
+MINB = 2                       # resident CTAs per SM (launch bounds: 128 registers)
 TYPES = (23,)                  # IQ4_XS
-RTS = (1, 2)
-NBS = (1, 2, 3, 4)             # raw buffers (blocks in flight per warp)
+RTS = (1, 2)                   # 16-row tiles per warp (within 5 % of each other at N = 5)
 DEFAULT_RT = 1
-DEFAULT_NB = 1
 MAX_N = 8
 _lock = threading.Lock()
 _fns: dict[tuple[int, int], object] = {}
-_geom: dict[tuple, tuple] = {}
+_geom: dict[tuple, int] = {}
 
 
 def source() -> str:
     return ((CUDA_DIR / COMMON).read_text() + "\n// ---- gemv_mma.cuh\n"
-            + (CUDA_DIR / _mma.MMA).read_text() + "\n// ---- gemv_mma_pipe.cuh\n"
-            + (CUDA_DIR / _mma.PIPE).read_text() + "\n// ---- " + MMH + "\n"
+            + (CUDA_DIR / _mma.MMA).read_text() + "\n// ---- " + MMH + "\n"
             + (CUDA_DIR / MMH).read_text())
 
 
@@ -54,69 +52,52 @@ def available() -> bool:
     return torch.cuda.is_available() and _rt.cupy() is not None
 
 
-def _fn(device: int, rt: int, nb: int, minb: int, pipe: int = 0, defines: tuple = ()):
-    key = (device, rt, nb, minb, pipe, defines)
+def _fn(device: int, rt: int):
+    key = (device, rt)
     fn = _fns.get(key)
     if fn is None:
         with _lock:
             fn = _fns.get(key)
             if fn is None:
                 cp = _rt.cupy()
-                name = ("tf_mmh_pipe1" if pipe == 1 else f"tf_mmh_pipe<{pipe}>") if pipe else \
-                    f"tf_mmh_iq4<{rt}, {nb}>"
+                name = f"tf_mmh_iq4<{rt}>"
                 with cp.cuda.Device(device):
-                    mod = cp.RawModule(code=source(), options=("-std=c++17",
-                                                               f"-DTF_MMH_MINB={minb}")
-                                       + tuple(f"-D{d}" for d in defines),
+                    mod = cp.RawModule(code=source(), options=("-std=c++17",),
                                        name_expressions=[name])
                     fn = mod.get_function(name)
-                    fn.max_dynamic_shared_size_bytes = smem_bytes(pipe)
+                    fn.max_dynamic_shared_size_bytes = LUT_BYTES
                 _fns[key] = fn
     return fn
 
 
-def smem_bytes(pipe: int = 0) -> int:
-    """Dynamic shared memory per CTA: the table, plus the per-warp rings of the pipelined kernel
-    (pipe = its stages; gemv_mma.pipe_smem's layout at RT = 1)."""
-    if pipe == 1:       # tf_mmh_p1: 8 warps x 2 stages x 16 rows x 176 B
-        return LUT_BYTES + WARPS * 2 * 16 * 176
-    return LUT_BYTES + (_mma.pipe_smem(23, 1, pipe) if pipe else 0)
-
-
-def geometry(n_in: int, n_out: int, sms: int, rt: int = DEFAULT_RT,
-             ctas_per_sm: int = DEFAULT_MINB) -> int:
-    """CTAs of the stream-K launch: items = (32-row tile groups at rt 2) x blocks per row, one
-    wave of at most sms * ctas_per_sm CTAs of 8 warps (as gemv_mma.geometry with one block per
-    item)."""
+def geometry(n_in: int, n_out: int, sms: int, rt: int = DEFAULT_RT, ctas_per_sm: int = MINB) -> int:
+    """CTAs of the stream-K launch: items = (16 * rt-row tile groups) x blocks per row, one wave of
+    at most sms * ctas_per_sm CTAs of 8 warps (as gemv_mma.geometry with one block per item)."""
     items = ((n_out + 16 * rt - 1) // (16 * rt)) * (n_in // 256)
-    slots = sms * ctas_per_sm * WARPS
-    nw_needed = min(items, slots)
-    ctas = -(-nw_needed // WARPS)
+    ctas = -(-min(items, sms * ctas_per_sm * WARPS) // WARPS)
     if items * ctas * WARPS >= 1 << 32:
         raise ValueError(f"MMH GEMV: {items} work items too many for a 32-bit split")
     return ctas
 
 
-def prepare(device=None, n_out: int = 0, rt: int = DEFAULT_RT, nb: int = DEFAULT_NB,
-            minb: int = DEFAULT_MINB) -> None:
+def prepare(device=None, n_out: int = 0, rt: int = DEFAULT_RT) -> None:
     """Compile now (outside any capture) and size gemv_mma's shared fixup workspace."""
     dev = torch.device(device) if device is not None else torch.device("cuda")
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    _fn(idx, rt, nb, minb)
+    _fn(idx, rt)
     _mma._workspace(idx, -(-int(n_out) // 16), _mma._sms(idx) * _mma.MAX_CTAS_PER_SM * WARPS)
 
 
 def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
-             rt: int | None = None, nb: int | None = None,
-             minb: int | None = None, pipe: int = 0, defines: tuple = ()) -> torch.Tensor:
-    """out[N, n_out] (fp32) = x[N, K] (fp32, contiguous) . W^T, W = IQ4_XS raw blocks [n_out, K]."""
+             rt: int | None = None) -> torch.Tensor:
+    """out[N, n_out] (fp32) = x[N, K] (fp32, contiguous) . W^T, W = IQ4_XS raw blocks [n_out, K].
+    Launched on torch's current stream; nothing allocated per call (CUDA-graph capturable after
+    one eager call of the shape, or `prepare`)."""
     if not supported(qtype):
         raise ValueError(f"MMH GEMV: GGML type {qtype} is not supported (IQ4_XS only)")
     rt = DEFAULT_RT if rt is None else int(rt)
-    nb = DEFAULT_NB if nb is None else int(nb)
-    minb = DEFAULT_MINB if minb is None else int(minb)
-    if rt not in RTS or nb not in NBS or minb not in MINBS:
-        raise ValueError(f"MMH GEMV: rt {rt} / nb {nb} / minb {minb} not in {RTS} / {NBS} / {MINBS}")
+    if rt not in RTS:
+        raise ValueError(f"MMH GEMV: rt {rt} not in {RTS}")
     if x.dtype != torch.float32 or not x.is_contiguous() or x.dim() != 2:
         raise ValueError("MMH GEMV: x must be a contiguous fp32 [N, K] tensor")
     n, k = x.shape
@@ -130,27 +111,18 @@ def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: 
     if w_raw.data_ptr() % 16 or x.data_ptr() % 16:
         raise ValueError("MMH GEMV: weights and x must be 16-byte aligned")
     dev = w_raw.device
-    if pipe:
-        rt, minb = 1, 1
-    key = (k, int(n_out), dev.index, rt, minb, pipe)
+    key = (k, int(n_out), dev.index, rt)
     ctas = _geom.get(key)
     if ctas is None:
-        if pipe:        # items of 2 blocks (M_IQ4_XS::U) per 16-row tile, one CTA per SM;
-            # pipe 1: one block per item, two CTAs per SM
-            per = 1 if pipe == 1 else 2
-            items = -(-int(n_out) // 16) * -(-(k // 256) // per)
-            cps = 2 if pipe == 1 else 1
-            ctas = _geom[key] = -(-min(items, _mma._sms(dev.index) * cps * WARPS) // WARPS)
-        else:
-            ctas = _geom[key] = geometry(k, int(n_out), _mma._sms(dev.index), rt, minb)
+        ctas = _geom[key] = geometry(k, int(n_out), _mma._sms(dev.index), rt)
     ws = _mma._workspace(dev.index, -(-int(n_out) // 16), ctas * WARPS)
-    fn = _fn(dev.index, rt, nb, minb if not pipe else 2, pipe, tuple(defines))
+    fn = _fn(dev.index, rt)
     stream = _rt.stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
     with stream:
         fn((ctas, 1, 1), (THREADS, 1, 1),
            (np.uint64(w_raw.data_ptr()), np.uint64(x.data_ptr()), np.uint64(out.data_ptr()),
             np.int32(n_out), np.int32(k), np.int32(n), np.uint64(ws.cnt), np.uint64(ws.part)),
-           shared_mem=smem_bytes(pipe))
+           shared_mem=LUT_BYTES)
     return out
 
 

@@ -246,7 +246,8 @@ def mma_routed(qtype: int, n: int, w: torch.Tensor, weights: int | None = None) 
 # µs per matrix, random weights): N = 5 5120->17408 28.9 against gemv_mma's 32.1, 17408->5120
 # 31.2 / 34.7, 5120->12288 22.1 / 24.6, 5120->10240 20.4 / 22.8; N = 4 on the same shapes 20-30 %
 # below gemv_cuda; but N = 3 only ties, 5120->6144 and smaller lose, and at N = 1 it takes 1.5x
-# gemv_cuda (26 against 18 us). TIGHTFIT_GEMV_MMH=0 turns it off.
+# gemv_cuda (26 against 18 us). The 27B's verify block at M = 5: 13.49 ms against 13.92 without it
+# (same machine, bench/verify_profile.py). TIGHTFIT_GEMV_MMH=0 turns it off.
 MMH_MIN_N = 4
 MMH_MIN_WEIGHTS = 40 << 20
 

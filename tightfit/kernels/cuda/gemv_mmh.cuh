@@ -13,6 +13,11 @@
 // a group's two m16n8k16 products accumulate in fp32 before its scale is applied once per row.
 // bf16 holds every kvalue (|v| <= 127) exactly and x with 8 significant bits, ~ the int8 path's
 // per-32 quantization, with fp32's range (no overflow on large activations).
+// Measured (H200): ~42 instructions per 512 weights in the step loop, but only 8-15 % faster than
+// tf_mma_rt at N = 5 on the 27B's wide IQ4_XS shapes, and 1.5x the dp4a kernel at N = 1: Nsight
+// Compute has L1 66-80 % busy (each 4-byte weight load touches 8 rows' lines; the table lookups
+// are as many shared-memory wavefronts again) and 34 % of the stalls on the first use of a block's
+// weight words.
 //
 // Fragment layout (PTX ISA, "Matrix Fragments for mma.m16n8k16" .bf16), g = lane >> 2, t = lane & 3:
 //   A: a0 = row g, k slots 2t, 2t+1; a1 = row g+8, same; a2 = row g, slots 2t+8, 2t+9; a3 = row g+8
@@ -28,9 +33,7 @@
 
 #define TF_MMH_THREADS 256            // 8 warps: tf_mma_finish recomputes warp ids with TF_MMA_WARPS
 #define TF_MMH_LUT_BYTES 65536        // 256 rows x 256 B (words 32..63 of a row unused)
-#ifndef TF_MMH_MINB
 #define TF_MMH_MINB 2                 // resident CTAs per SM (2 x 64 KB of table: 128 KB of 228)
-#endif
 
 // kvalues_iq4nl[i] as the fp32 it is (an exact small integer)
 TF_DEV float tf_mmh_kv(uint32_t i) {
@@ -123,45 +126,15 @@ TF_DEV void tf_mmh_fill_iq4(uint32_t* lut) {
 // and the 8 qs words (bytes 16j + 4t .. 16j + 4t + 3 of group j).
 template <int RT> struct tf_mmh_raw { uint32_t h[2 * RT][2], q[2 * RT][8]; };
 
-// TF_MMH_WNA (experiment, session 17): the weights are read once, so their loads may skip L1
-// allocation (ld.global.nc.L1::no_allocate), leaving L1 to x; TF_MMH_PF = d > 0: each lane asks L2
-// for its rows' block b + d (prefetch.global.L2) as block b's words are loaded.
-#ifndef TF_MMH_WNA
-#define TF_MMH_WNA 0
-#endif
-#ifndef TF_MMH_PF
-#define TF_MMH_PF 0
-#endif
-TF_DEV uint32_t tf_mmh_ldw(const uint8_t* p) {
-#if TF_DEVICE && TF_MMH_WNA
-  uint32_t v;
-  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
-  return v;
-#else
-  return tf_ld_u32(p);
-#endif
-}
-TF_DEV void tf_mmh_ldw8(const uint8_t* p, uint32_t& a, uint32_t& b) {
-#if TF_DEVICE && TF_MMH_WNA
-  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "l"(p));
-#else
-  tf_mma_ld8(p, a, b);
-#endif
-}
-
 template <int RT>
 TF_DEV void tf_mmh_load(tf_mmh_raw<RT>& r, const uint8_t* const __restrict__ (&wr)[2 * RT], int b,
                         int t) {
 #pragma unroll
   for (int i = 0; i < 2 * RT; ++i) {
     const uint8_t* blk = wr[i] + (uint64_t)b * 136;
-    tf_mmh_ldw8(blk, r.h[i][0], r.h[i][1]);
+    tf_mma_ld8(blk, r.h[i][0], r.h[i][1]);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) r.q[i][j] = tf_mmh_ldw(blk + 8 + 16 * j + 4 * t);
-#if TF_DEVICE && TF_MMH_PF > 0
-    // lanes t = 0..3 of the row touch its block b + PF's 136 bytes (every 32-byte sector + 1)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(blk + TF_MMH_PF * 136 + 40 * t));
-#endif
+    for (int j = 0; j < 8; ++j) r.q[i][j] = tf_ld_u32(blk + 8 + 16 * j + 4 * t);
   }
 }
 
@@ -223,14 +196,15 @@ TF_DEV void tf_mmh_block(const tf_mmh_raw<RT>& r, const float* __restrict__ xb, 
   }
 }
 
-// tf_mmh_iq4<RT, NB>: RT 16-row tiles per warp, one IQ4_XS block per work item (the stream-K split
-// of tf_mma_rt with U = 1: items = tile groups x blocks per row, one wave of resident warps, the
-// deterministic fixup for tile groups cut between warps). NB raw buffers: the loads of blocks
-// b + 1 .. b + NB - 1 are in flight while block b computes (session 17: without them the kernel
-// waited on DRAM at the start of every block, 39 % of the copy bandwidth at 5120 -> 17408).
+// tf_mmh_iq4<RT>: RT 16-row tiles per warp, one IQ4_XS block per work item (the stream-K split of
+// tf_mma_rt with U = 1: items = tile groups x blocks per row, one wave of resident warps, the
+// deterministic fixup for tile groups cut between warps). A block's raw words are loaded, then
+// used: keeping the next block's loads in flight (registers for 2-4 blocks), more warps per SM
+// (3 CTAs at 80 registers), staging through a cp.async ring, loads that skip L1 and L2 prefetches
+// were each measured slower (session 17, bench/NOTES.md).
 // x: fp32 [ncols, K]; y: fp32 [ncols, n_out]. Columns past ncols are zero in B and never stored;
 // rows past n_out read row n_out - 1 and are never stored.
-template <int RT, int NB>
+template <int RT>
 __global__ void __launch_bounds__(TF_MMH_THREADS, TF_MMH_MINB)
 tf_mmh_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
            int n_out, int K, int ncols, int* cnt, float* part) {
@@ -266,226 +240,13 @@ tf_mmh_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __
     for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[rt][0][i] = 0.f;
-    tf_mmh_raw<RT> raw[NB];
-#pragma unroll
-    for (int i = 0; i < NB - 1; ++i)
-      if (s0 + i < s1) tf_mmh_load<RT>(raw[i], wr, s0 + i, t);
-    for (int b = s0; b < s1; b += NB) {
-#pragma unroll
-      for (int i = 0; i < NB; ++i) {
-        if (b + i < s1) {                                    // warp-uniform
-          if (b + i + NB - 1 < s1) tf_mmh_load<RT>(raw[(i + NB - 1) % NB], wr, b + i + NB - 1, t);
-          tf_mmh_block<RT>(raw[i], xc + (b + i) * 256, xon, lut, l4, acc);
-        }
-      }
+    for (int b = s0; b < s1; ++b) {
+      tf_mmh_raw<RT> raw;
+      tf_mmh_load<RT>(raw, wr, b, t);
+      tf_mmh_block<RT>(raw, xc + b * 256, xon, lut, l4, acc);
     }
     tf_mma_finish<RT, 1>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt, spt, cnt, part, acc);
     it += s1 - s0;
   }
-}
-#endif  // TF_DEVICE
-
-// ------------------------------------------------------------------ pipelined variant
-// tf_mmh_pipe<NST>: tf_mmh_iq4<1, 1>'s arithmetic with the weights staged through gemv_mma_pipe's
-// per-warp cp.async ring (RT = 1: 16-row tiles, items of U = M_IQ4_XS::U = 2 blocks, i.e. 272
-// contiguous bytes per row per copy) behind the table, one CTA per SM. Session 17: more warps
-// (3 CTAs per SM) and register prefetch (nb 2-4) made tf_mmh_iq4 slower, so whether it waits on
-// how it reads DRAM (16-byte pieces of 16 rows per load instruction) rather than on instructions
-// is what this variant measures: its loads are contiguous per row and need no registers.
-// Shared memory: [0, LUT_BYTES) the table, then 8 warps x NST stages (tf_mmp_geo).
-#if TF_DEVICE
-template <int NST>
-__global__ void __launch_bounds__(TF_MMH_THREADS, 1)
-tf_mmh_pipe(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
-            int n_out, int K, int ncols, int* cnt, float* part) {
-  using M = M_IQ4_XS;
-  using G = tf_mmp_geo<M, 1, NST>;
-  constexpr int U = G::U;
-  tf_mmh_fill_iq4(tf_mmh_lut);
-  uint32_t lut;
-  asm("mov.u32 %0, tf_mmh_lut;" : "=r"(lut));
-  const int lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const uint32_t l4 = 4u * (uint32_t)lane;
-  const int nb = K >> 8;
-  const uint32_t rowbytes = (uint32_t)nb * M::BB;
-  const int spt = (nb + U - 1) / U;
-  const int groups = (n_out + 15) >> 4;
-  const tf_mma_ix items = (tf_mma_ix)groups * spt;
-  const tf_mma_ix nw = (tf_mma_ix)gridDim.x * TF_MMA_WARPS;
-  const tf_mma_ix gw = (tf_mma_ix)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
-  int it = (int)(items * gw / nw);
-  const int iend = (int)(items * (gw + 1) / nw);
-  const uint32_t woff = TF_MMH_LUT_BYTES + (threadIdx.x >> 5) * G::WARP_BYTES;
-  const uint8_t* ring = (const uint8_t*)tf_mmh_lut + woff;
-  const uint32_t ring_s = lut + woff;
-  const bool xon = g < ncols;
-  const float* __restrict__ xc = x + (uint64_t)(xon ? g : 0) * K + 4 * t;
-#pragma unroll
-  for (int p = 0; p < NST - 1; ++p) {
-    const int j = it + p;
-    if (j < iend) {
-      const int jg = j / spt;
-      tf_mmp_issue<M, 1, NST>(W, ring_s + p * G::STAGE, lane, jg, j - jg * spt, nb, n_out, rowbytes);
-    }
-    tf_mmp_commit();
-  }
-  int stage = 0;
-  while (it < iend) {                                        // warp-uniform
-    const int tg = it / spt, s0 = it - tg * spt;
-    const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
-    float acc[1][1][4] = {{{0.f, 0.f, 0.f, 0.f}}};
-    const int ra = tg * 16 + g, rb = ra + 8;
-    const uint32_t rowa = (uint32_t)(ra < n_out ? ra : n_out - 1) * rowbytes;
-    const uint32_t rowb = (uint32_t)(rb < n_out ? rb : n_out - 1) * rowbytes;
-    for (int s = s0; s < s1; ++s) {
-      {
-        const int j = it + (s - s0) + NST - 1;
-        if (j < iend) {
-          const int jg = j / spt;
-          const int fill = stage == 0 ? NST - 1 : stage - 1;
-          tf_mmp_issue<M, 1, NST>(W, ring_s + fill * G::STAGE, lane, jg, j - jg * spt, nb, n_out,
-                                  rowbytes);
-        }
-      }
-      tf_mmp_commit();
-      tf_mmp_wait<NST - 1>();
-      __syncwarp();
-      const uint8_t* sb = ring + stage * G::STAGE;
-      const uint32_t soff = (uint32_t)s * (U * M::BB);
-      const uint8_t* pa = sb + g * G::SR + ((rowa + soff) & 15u);
-      const uint8_t* pb = sb + (8 + g) * G::SR + ((rowb + soff) & 15u);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int b = s * U + u;
-        if (b < nb) {
-          tf_mmh_raw<1> r;
-          tf_mma_ld8(pa + u * M::BB, r.h[0][0], r.h[0][1]);
-          tf_mma_ld8(pb + u * M::BB, r.h[1][0], r.h[1][1]);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            r.q[0][j] = tf_ld_u32(pa + u * M::BB + 8 + 16 * j + 4 * t);
-            r.q[1][j] = tf_ld_u32(pb + u * M::BB + 8 + 16 * j + 4 * t);
-          }
-          tf_mmh_block<1>(r, xc + b * 256, xon, lut, l4, acc);
-        }
-      }
-      __syncwarp();
-      stage = stage + 1 == NST ? 0 : stage + 1;
-    }
-    tf_mma_finish<1, 1>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt, spt, cnt, part, acc);
-    it += s1 - s0;
-  }
-  tf_mmp_wait<0>();
-}
-#endif  // TF_DEVICE
-
-// ------------------------------------------------------------------ pipelined, one block per item
-// tf_mmh_pipe1: the pipelined kernel with items of ONE block per 16-row tile and a 2-stage ring,
-// so table + ring fit twice per SM (64 KB + 8 warps x 2 x 16 x 176 B = 109 KB per CTA).
-// Session 17, Nsight Compute: tf_mmh_iq4 keeps L1 ~80 % busy at N = 5 (2.4 M global + 1.5 M
-// shared wavefronts for one 5120 x 17408 product): each of its 4-byte weight loads touches 8 rows'
-// lines (8 wavefronts per 128 bytes); a cp.async chunk copy touches one line per 8 lanes and the
-// fragment reads from the ring one wavefront per warp load.
-struct tf_mmh_p1 {
-  static constexpr int CPR = (136 + 15 + 15) / 16;                // 16-byte chunks per row slot
-  static constexpr int SR = (CPR & 1) ? 16 * CPR : 16 * CPR + 16;  // slot stride, 16 mod 32
-  static constexpr int STAGE = 16 * SR;
-  static constexpr int NST = 2;
-  static constexpr int WARP_BYTES = NST * STAGE;
-  static constexpr int CTA_BYTES = TF_MMA_WARPS * WARP_BYTES;
-  static constexpr int CPL = (16 * CPR + 31) / 32;                 // copies per lane
-};
-
-#if TF_DEVICE
-// copies of item (tg, b): block b of the 16 rows of tile tg into stage buffer sb (shared address)
-TF_DEV void tf_mmh_p1_issue(const uint8_t* __restrict__ W, uint32_t sb, int lane, int tg, int b,
-                            int n_out, uint32_t rowbytes) {
-  using G = tf_mmh_p1;
-#pragma unroll
-  for (int i = 0; i < G::CPL; ++i) {
-    const int idx = lane + 32 * i;
-    if (idx < 16 * G::CPR) {
-      const int r = idx / G::CPR, c = idx - r * G::CPR;
-      int row = tg * 16 + r;
-      row = row < n_out ? row : n_out - 1;
-      const uint64_t off = (uint64_t)row * rowbytes + (uint64_t)b * 136;
-      const int n = (int)(off & 15u) + 136 - 16 * c;
-      if (n > 0)
-        tf_mmp_cp16(sb + r * G::SR + 16 * c, W + ((off & ~(uint64_t)15) + 16 * c), n < 16 ? n : 16);
-    }
-  }
-}
-
-__global__ void __launch_bounds__(TF_MMH_THREADS, 2)
-tf_mmh_pipe1(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
-             int n_out, int K, int ncols, int* cnt, float* part) {
-  using G = tf_mmh_p1;
-  constexpr int NST = G::NST;
-  tf_mmh_fill_iq4(tf_mmh_lut);
-  uint32_t lut;
-  asm("mov.u32 %0, tf_mmh_lut;" : "=r"(lut));
-  const int lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const uint32_t l4 = 4u * (uint32_t)lane;
-  const int nb = K >> 8;
-  const uint32_t rowbytes = (uint32_t)nb * 136;
-  const int spt = nb;
-  const int groups = (n_out + 15) >> 4;
-  const tf_mma_ix items = (tf_mma_ix)groups * spt;
-  const tf_mma_ix nw = (tf_mma_ix)gridDim.x * TF_MMA_WARPS;
-  const tf_mma_ix gw = (tf_mma_ix)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
-  int it = (int)(items * gw / nw);
-  const int iend = (int)(items * (gw + 1) / nw);
-  const uint32_t woff = TF_MMH_LUT_BYTES + (threadIdx.x >> 5) * G::WARP_BYTES;
-  const uint8_t* ring = (const uint8_t*)tf_mmh_lut + woff;
-  const uint32_t ring_s = lut + woff;
-  const bool xon = g < ncols;
-  const float* __restrict__ xc = x + (uint64_t)(xon ? g : 0) * K + 4 * t;
-#pragma unroll
-  for (int p = 0; p < NST - 1; ++p) {
-    const int j = it + p;
-    if (j < iend) tf_mmh_p1_issue(W, ring_s + p * G::STAGE, lane, j / spt, j % spt, n_out, rowbytes);
-    tf_mmp_commit();
-  }
-  int stage = 0;
-  while (it < iend) {                                        // warp-uniform
-    const int tg = it / spt, s0 = it - tg * spt;
-    const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
-    float acc[1][1][4] = {{{0.f, 0.f, 0.f, 0.f}}};
-    const int ra = tg * 16 + g, rb = ra + 8;
-    const uint32_t rowa = (uint32_t)(ra < n_out ? ra : n_out - 1) * rowbytes;
-    const uint32_t rowb = (uint32_t)(rb < n_out ? rb : n_out - 1) * rowbytes;
-    for (int b = s0; b < s1; ++b) {
-      {
-        const int j = it + (b - s0) + NST - 1;
-        if (j < iend) {
-          const int fill = stage == 0 ? NST - 1 : stage - 1;
-          tf_mmh_p1_issue(W, ring_s + fill * G::STAGE, lane, j / spt, j % spt, n_out, rowbytes);
-        }
-      }
-      tf_mmp_commit();
-      tf_mmp_wait<NST - 1>();
-      __syncwarp();
-      const uint8_t* sb = ring + stage * G::STAGE;
-      const uint32_t boff = (uint32_t)b * 136;
-      const uint8_t* pa = sb + g * G::SR + ((rowa + boff) & 15u);
-      const uint8_t* pb = sb + (8 + g) * G::SR + ((rowb + boff) & 15u);
-      tf_mmh_raw<1> r;
-      tf_mma_ld8(pa, r.h[0][0], r.h[0][1]);
-      tf_mma_ld8(pb, r.h[1][0], r.h[1][1]);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        r.q[0][j] = tf_ld_u32(pa + 8 + 16 * j + 4 * t);
-        r.q[1][j] = tf_ld_u32(pb + 8 + 16 * j + 4 * t);
-      }
-      tf_mmh_block<1>(r, xc + b * 256, xon, lut, l4, acc);
-      __syncwarp();
-      stage = stage + 1 == NST ? 0 : stage + 1;
-    }
-    tf_mma_finish<1, 1>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt, spt, cnt, part, acc);
-    it += s1 - s0;
-  }
-  tf_mmp_wait<0>();
 }
 #endif  // TF_DEVICE
