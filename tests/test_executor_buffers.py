@@ -126,8 +126,10 @@ def test_every_allocation_is_a_plan_line(small, kv_type):
     emb = inv.tensors["token_embd.weight"].nbytes
     assert mats + vecs + emb == L("weights").bytes == sum(
         t.nbytes for n, t in inv.tensors.items() if not n.startswith(f"blk.{c.n_layer}."))
-    # the arena = the lines (their alignment padding included), the reserve is not allocated
-    assert plan.total_bytes - L("reserve").bytes == plan.arena_bytes
+    # the arena = the lines (their alignment padding included); the reserve is not allocated and
+    # the scratch line is torch's (the batched forward), beside the arena
+    assert plan.total_bytes - L("reserve").bytes - L("scratch").bytes == plan.arena_bytes
+    assert "scratch" not in {n for n, _o, _b in plan.layout()}
 
 
 def test_27b_plan_arithmetic():

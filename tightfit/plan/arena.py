@@ -1,8 +1,10 @@
 """One device arena per session, filled from the GGUF file (seed 000 '实测' §2).
 
 `Arena(plan, device)` allocates a single uint8 tensor of `plan.arena_bytes` and hands out aligned
-views: the GPU rows of every weight, the KV cache, both recurrent-state banks, workspace, scratch
-and staging. Nothing else is allocated on the device for the model, so the bill is the truth.
+views: the GPU rows of every weight, the KV cache, both recurrent-state banks, workspace, staging
+and the verify block's buffers. Besides it, the batched forward's per-chunk tensors (the `scratch`
+line) and the MTP drafter's cache and step (the `mtp` line) are allocated through torch within
+what the plan leaves for them; bench/mtp_peak.py compares the measured peak with the plan.
 
 `upload(model, placement, arena)` copies every GPU segment from the file into the arena:
 

@@ -4,6 +4,9 @@
               + full-attention KV cache + Gated DeltaNet recurrent state (two banks)
               + persistent workspace + max(prefill scratch, decode scratch)
               + staging buffers + safety reserve
+(The weights, KV cache, recurrent banks, workspace, staging and verify lines are regions of ONE
+device allocation, the arena; the scratch and MTP lines are what the batched forward and the
+drafter allocate through torch beside it, and the reserve is the driver's and the libraries'.)
               [+ MTP drafter: its KV cache + step scratch, with PlanOptions.include_mtp]
               [+ captured verify block of `batch` tokens, with PlanOptions.batch > 1]
 
@@ -139,6 +142,11 @@ def _validate_mtp(o: PlanOptions, cfg: Qwen35Config) -> None:
     if o.host_embd == "yes":
         raise UserError("--host-embd yes keeps the embedding on the host, but the MTP drafter "
                         "needs the whole model on the GPU; use --host-embd auto or drop MTP")
+
+
+# the lines that are regions of the device arena (Plan.layout); the others (scratch, mtp, reserve)
+# are budget that the arena leaves to torch's caching allocator / the driver
+ARENA_LINES = ("kv_cache", "recurrent_state", "workspace", "staging", "verify")
 
 
 @dataclass
@@ -474,7 +482,10 @@ class Plan:
                    ("kv_cache", self.line("kv_cache").bytes)]
         bank = self.line("recurrent_state").bytes // STATE_BANKS
         regions += [(f"recurrent_state.bank{i}", bank) for i in range(STATE_BANKS)]
-        regions += [(k, self.line(k).region_bytes) for k in ("workspace", "scratch", "staging")]
+        # not regions: `scratch` (the batched forward's per-chunk tensors) and `mtp` go through
+        # torch's caching allocator, inside the budget the arena leaves (session 17: as a region
+        # the scratch was reserved AND allocated again by torch, 341 MiB twice on the 27B)
+        regions += [(k, self.line(k).region_bytes) for k in ("workspace", "staging")]
         if any(l.key == "verify" for l in self.lines):
             regions.append(("verify", self.line("verify").region_bytes))
         for name, n in regions:
@@ -517,7 +528,9 @@ class _Solver:
         self.needed = inv.needed(o.include_mtp)
         self.emb = inv.tensors["token_embd.weight"]
         self.fixed = _fixed_lines(self.cfg, o, inv)
-        self.fixed_total = sum(align_up(l.region_bytes) for l in self.fixed.values())
+        # arena regions with their alignment, the other lines (torch's) as they are: the bill's sum
+        self.fixed_total = sum(align_up(l.region_bytes) if l.key in ARENA_LINES else l.bytes
+                               for l in self.fixed.values())
         self.region_all = sum(align_up(t.nbytes) for t in self.needed)
         self.reserve = _reserve(o)
 
@@ -674,7 +687,8 @@ def _plan_at(inv: ModelInventory, o: PlanOptions) -> Plan:
                        "host_bytes": placement.host_bytes})]
     fixed = s.fixed
     staging = _staging(cfg, o, he, s.exchange_for(host_rows))
-    region_pad = sum(align_up(l.region_bytes) - l.bytes for l in (*fixed.values(), staging))
+    region_pad = sum(align_up(l.region_bytes) - l.bytes
+                     for l in (*fixed.values(), staging) if l.key in ARENA_LINES)
     lines.append(BillLine("alignment", f"Arena alignment ({256} B)", placement.padding_bytes
                           + region_pad, "sum(align_up(region) - region)",
                           {"weights": placement.padding_bytes, "other_regions": region_pad}))
