@@ -14,6 +14,7 @@ import torch
 from tightfit.kernels import gemv_mma
 from tightfit.kernels import gemv_mmh as H
 from tightfit.kernels import gemv_route as R
+from _fake_cuda import FakeCuda
 
 IQ4_XS = 23
 
@@ -98,37 +99,26 @@ def test_bad_operands_are_refused_before_any_launch():
             H.gemv_mmh(args["x"], args["w"], args["qtype"], args["n_out"], args["out"], **extra)
 
 
-class _FakeCuda:                                 # what mmh_routed reads of a tensor
-    is_cuda = True
-
-    class device:
-        index = 0
-
-    @staticmethod
-    def data_ptr():
-        return 4096
-
-
 def test_route_only_iq4_xs_wide_matrices_4_to_8_columns(monkeypatch):
     monkeypatch.setattr(H, "available", lambda: True)
     monkeypatch.setattr(gemv_mma, "capable", lambda dev: True)
     monkeypatch.delenv("TIGHTFIT_GEMV_MMH", raising=False)
     ffn = 5120 * 17408
-    assert R.mmh_routed(IQ4_XS, 5, _FakeCuda, ffn)              # the verify block's FFN at M = 5
-    assert R.mmh_routed(IQ4_XS, 4, _FakeCuda, 5120 * 10240)
-    assert not R.mmh_routed(IQ4_XS, 3, _FakeCuda, ffn)          # N = 3 only ties gemv_cuda
-    assert not R.mmh_routed(IQ4_XS, 1, _FakeCuda, ffn)          # the decode step: gemv_cuda
-    assert not R.mmh_routed(IQ4_XS, 9, _FakeCuda, ffn)          # past the kernel's 8 columns
-    assert not R.mmh_routed(IQ4_XS, 5, _FakeCuda, 5120 * 6144)  # measured slower there
-    assert not R.mmh_routed(IQ4_XS, 5, _FakeCuda, None)
-    assert not R.mmh_routed(13, 5, _FakeCuda, ffn)              # Q5_K: no table decoder
+    assert R.mmh_routed(IQ4_XS, 5, FakeCuda, ffn)              # the verify block's FFN at M = 5
+    assert R.mmh_routed(IQ4_XS, 4, FakeCuda, 5120 * 10240)
+    assert not R.mmh_routed(IQ4_XS, 3, FakeCuda, ffn)          # N = 3 only ties gemv_cuda
+    assert not R.mmh_routed(IQ4_XS, 1, FakeCuda, ffn)          # the decode step: gemv_cuda
+    assert not R.mmh_routed(IQ4_XS, 9, FakeCuda, ffn)          # past the kernel's 8 columns
+    assert not R.mmh_routed(IQ4_XS, 5, FakeCuda, 5120 * 6144)  # measured slower there
+    assert not R.mmh_routed(IQ4_XS, 5, FakeCuda, None)
+    assert not R.mmh_routed(13, 5, FakeCuda, ffn)              # Q5_K: no table decoder
     assert not R.mmh_routed(IQ4_XS, 5, torch.zeros(16, dtype=torch.uint8), ffn)   # CPU
     for off in ("0", "off", ""):
         monkeypatch.setenv("TIGHTFIT_GEMV_MMH", off)
-        assert not R.mmh_routed(IQ4_XS, 5, _FakeCuda, ffn)
+        assert not R.mmh_routed(IQ4_XS, 5, FakeCuda, ffn)
     monkeypatch.setenv("TIGHTFIT_GEMV_MMH", "1")
     monkeypatch.setattr(gemv_mma, "capable", lambda dev: False)  # no bf16 mma.sync below sm_80
-    assert not R.mmh_routed(IQ4_XS, 5, _FakeCuda, ffn)
+    assert not R.mmh_routed(IQ4_XS, 5, FakeCuda, ffn)
 
 
 def test_mmh_input_wants_contiguous_aligned_fp32():

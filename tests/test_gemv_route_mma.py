@@ -8,17 +8,7 @@ import torch
 from tightfit.kernels import gemv_mma
 from tightfit.kernels import gemv_route as R
 from tightfit.quant.traits import traits
-
-
-class _FakeCuda:                                 # what mma_routed reads of a tensor
-    is_cuda = True
-
-    class device:
-        index = 0
-
-    @staticmethod
-    def data_ptr():
-        return 4096
+from _fake_cuda import FakeCuda
 
 
 def test_crossover_table_covers_only_implemented_formats():
@@ -42,17 +32,17 @@ def test_on_by_default_off_by_env_and_never_on_cpu(monkeypatch):
     assert R._mma_on()
     monkeypatch.setattr(gemv_mma, "available", lambda: True)
     monkeypatch.setattr(gemv_mma, "capable", lambda dev: True)
-    assert R.mma_routed(12, 8, _FakeCuda)        # the default: on
+    assert R.mma_routed(12, 8, FakeCuda)        # the default: on
     for off in ("0", "off", ""):
         monkeypatch.setenv("TIGHTFIT_GEMV_MMA", off)
-        assert not R._mma_on() and not R.mma_routed(12, 8, _FakeCuda)
+        assert not R._mma_on() and not R.mma_routed(12, 8, FakeCuda)
     monkeypatch.setenv("TIGHTFIT_GEMV_MMA", "1")
     assert R._mma_on()
-    assert R.mma_routed(12, 8, _FakeCuda)        # a CUDA Q4_K at N = 8
+    assert R.mma_routed(12, 8, FakeCuda)        # a CUDA Q4_K at N = 8
     assert not R.mma_routed(12, 8, w)            # CPU tensor
-    assert not R.mma_routed(2, 16, _FakeCuda)    # Q4_0: no tensor-core decoder
+    assert not R.mma_routed(2, 16, FakeCuda)    # Q4_0: no tensor-core decoder
     monkeypatch.setattr(gemv_mma, "capable", lambda dev: False)
-    assert not R.mma_routed(12, 8, _FakeCuda)    # below sm_80: no int8 mma.sync / cp.async
+    assert not R.mma_routed(12, 8, FakeCuda)    # below sm_80: no int8 mma.sync / cp.async
 
 
 def test_below_crossover_not_routed(monkeypatch):
@@ -62,10 +52,10 @@ def test_below_crossover_not_routed(monkeypatch):
     monkeypatch.setattr(gemv_mma, "capable", lambda dev: True)
     for t in R.MMA_MIN_N:
         n = R.mma_min_n(t)
-        assert not R.mma_routed(t, n - 1, _FakeCuda)
-        assert R.mma_routed(t, n, _FakeCuda)
+        assert not R.mma_routed(t, n - 1, FakeCuda)
+        assert R.mma_routed(t, n, FakeCuda)
 
-    class Misaligned(_FakeCuda):
+    class Misaligned(FakeCuda):
         @staticmethod
         def data_ptr():
             return 4104
@@ -110,9 +100,9 @@ def test_q6_k_crossover_follows_the_pipelined_kernel(monkeypatch):
     monkeypatch.setenv("TIGHTFIT_GEMV_MMA", "1")
     monkeypatch.delenv("TIGHTFIT_MMA_PIPE", raising=False)
     assert gemv_mma.pipe_default(14) and not gemv_mma.pipe_default(23)
-    assert R.mma_min_n(14) == 5 and R.mma_routed(14, 5, _FakeCuda) and not R.mma_routed(14, 4, _FakeCuda)
+    assert R.mma_min_n(14) == 5 and R.mma_routed(14, 5, FakeCuda) and not R.mma_routed(14, 4, FakeCuda)
     monkeypatch.setenv("TIGHTFIT_MMA_PIPE", "0")
-    assert R.mma_min_n(14) == 8 and not R.mma_routed(14, 5, _FakeCuda)
+    assert R.mma_min_n(14) == 8 and not R.mma_routed(14, 5, FakeCuda)
     assert all(R.mma_min_n(t) == R.MMA_MIN_N[t] for t in R.MMA_MIN_N)
 
 
@@ -136,13 +126,13 @@ def test_small_matrices_cross_over_later(monkeypatch):
         assert R.mma_min_n(t, 5120 * 17408) == base          # FFN matrices: unchanged
         assert R.mma_min_n(t, 5120 * 248320) == base         # output head
     # the 27B's small matrices at the verify block's N = 5 stay on gemv_cuda ...
-    assert not R.mma_routed(13, 5, _FakeCuda, 5120 * 1024)   # Q5_K attn_v
-    assert not R.mma_routed(14, 5, _FakeCuda, 5120 * 1024)   # Q6_K attn_k
-    assert not R.mma_routed(23, 5, _FakeCuda, 5120 * 6144)   # IQ4_XS attn_gate
+    assert not R.mma_routed(13, 5, FakeCuda, 5120 * 1024)   # Q5_K attn_v
+    assert not R.mma_routed(14, 5, FakeCuda, 5120 * 1024)   # Q6_K attn_k
+    assert not R.mma_routed(23, 5, FakeCuda, 5120 * 6144)   # IQ4_XS attn_gate
     # ... where the tensor-core kernel measured faster they route
-    assert R.mma_routed(13, 5, _FakeCuda, 6144 * 5120)       # Q5_K ssm_out
-    assert R.mma_routed(23, 5, _FakeCuda, 5120 * 12288)      # IQ4_XS attn_q
-    assert R.mma_routed(13, 3, _FakeCuda, 17408 * 5120)      # Q5_K ffn_down
-    assert R.mma_routed(23, 16, _FakeCuda, 5120 * 1024)      # past 8 columns: always
+    assert R.mma_routed(13, 5, FakeCuda, 6144 * 5120)       # Q5_K ssm_out
+    assert R.mma_routed(23, 5, FakeCuda, 5120 * 12288)      # IQ4_XS attn_q
+    assert R.mma_routed(13, 3, FakeCuda, 17408 * 5120)      # Q5_K ffn_down
+    assert R.mma_routed(23, 16, FakeCuda, 5120 * 1024)      # past 8 columns: always
     monkeypatch.setenv("TIGHTFIT_MMA_BY_SIZE", "0")               # A/B switch: the old table
-    assert R.mma_routed(13, 5, _FakeCuda, 5120 * 1024)
+    assert R.mma_routed(13, 5, FakeCuda, 5120 * 1024)

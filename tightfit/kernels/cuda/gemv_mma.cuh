@@ -346,6 +346,17 @@ TF_DEV tf_mma_ix tf_mma_piece(tf_mma_ix items, tf_mma_ix nw, tf_mma_ix a, tf_mma
 // Only piece 0 can use slot 1: every later piece's warp starts after a (start(wf + 1) > a).
 
 #if TF_DEVICE
+// This warp's item range [it, iend) in a launch over `items` items (tf_mma_start of its global warp
+// id and of the next): the first lines of every stream-K kernel here and in gemv_mmh.cuh.
+TF_DEV void tf_mma_warp_range(tf_mma_ix items, int& it, int& iend) {
+  const tf_mma_ix nw = (tf_mma_ix)gridDim.x * TF_MMA_WARPS;
+  const tf_mma_ix gw = (tf_mma_ix)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
+  it = (int)(items * gw / nw);
+  iend = (int)(items * (gw + 1) / nw);
+}
+#endif
+
+#if TF_DEVICE
 // ------------------------------------------------------------------ tensor-core primitives
 // One mma per group (the group's scales differ, so its integer dot must come out separately):
 // D = A . B + C with C = TF_MMA_CBIAS (per column: c[0], c[1] = columns 2t, 2t+1 of rows g and
@@ -692,10 +703,8 @@ tf_mma(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const float
   const int spt = (nb + U - 1) / U;
   const int tiles = (n_out + 15) >> 4;
   const tf_mma_ix items = (tf_mma_ix)tiles * spt;
-  const tf_mma_ix nw = (tf_mma_ix)gridDim.x * TF_MMA_WARPS;
-  const tf_mma_ix gw = (tf_mma_ix)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
-  int it = (int)(items * gw / nw);
-  const int iend = (int)(items * (gw + 1) / nw);
+  int it, iend;
+  tf_mma_warp_range(items, it, iend);
   // offsets fit in int: N <= 16 columns of K < 2^26 elements
   int xo[NT], co[NT][2];
 #pragma unroll
@@ -764,10 +773,8 @@ tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
   const int spt = (nb + U - 1) / U;
   const int groups = (n_out + 16 * RT - 1) / (16 * RT);
   const tf_mma_ix items = (tf_mma_ix)groups * spt;
-  const tf_mma_ix nw = (tf_mma_ix)gridDim.x * TF_MMA_WARPS;
-  const tf_mma_ix gw = (tf_mma_ix)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
-  int it = (int)(items * gw / nw);
-  const int iend = (int)(items * (gw + 1) / nw);
+  int it, iend;
+  tf_mma_warp_range(items, it, iend);
   // offsets fit in int: N <= 16 columns of K < 2^26 elements
   int xo[NT], co[NT][2];
 #pragma unroll

@@ -89,10 +89,8 @@ tf_mma_pipe(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const 
   const int spt = (nb + U - 1) / U;
   const int groups = (n_out + G::ROWS - 1) / G::ROWS;
   const tf_mma_ix items = (tf_mma_ix)groups * spt;
-  const tf_mma_ix nw = (tf_mma_ix)gridDim.x * TF_MMA_WARPS;
-  const tf_mma_ix gw = (tf_mma_ix)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
-  int it = (int)(items * gw / nw);
-  const int iend = (int)(items * (gw + 1) / nw);
+  int it, iend;
+  tf_mma_warp_range(items, it, iend);
   const uint8_t* ring = tf_mmp_smem + (threadIdx.x >> 5) * G::WARP_BYTES;
   const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
   int xo[1], co[1][2];

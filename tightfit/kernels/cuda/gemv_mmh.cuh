@@ -219,10 +219,8 @@ tf_mmh_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __
   const int spt = nb;
   const int groups = (n_out + 16 * RT - 1) / (16 * RT);
   const tf_mma_ix items = (tf_mma_ix)groups * spt;
-  const tf_mma_ix nw = (tf_mma_ix)gridDim.x * TF_MMA_WARPS;
-  const tf_mma_ix gw = (tf_mma_ix)blockIdx.x * TF_MMA_WARPS + (threadIdx.x >> 5);
-  int it = (int)(items * gw / nw);
-  const int iend = (int)(items * (gw + 1) / nw);
+  int it, iend;
+  tf_mma_warp_range(items, it, iend);
   const bool xon = g < ncols;                    // this lane's B column exists
   const float* __restrict__ xc = x + (uint64_t)(xon ? g : 0) * K + 4 * t;
   while (it < iend) {                                        // warp-uniform
