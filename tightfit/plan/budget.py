@@ -4,11 +4,12 @@
               + full-attention KV cache + Gated DeltaNet recurrent state (two banks)
               + persistent workspace + max(prefill scratch, decode scratch)
               + staging buffers + safety reserve
-(The weights, KV cache, recurrent banks, workspace, staging and verify lines are regions of ONE
-device allocation, the arena; the scratch and MTP lines are what the batched forward and the
-drafter allocate through torch beside it, and the reserve is the driver's and the libraries'.)
               [+ MTP drafter: its KV cache + step scratch, with PlanOptions.include_mtp]
               [+ captured verify block of `batch` tokens, with PlanOptions.batch > 1]
+
+The weights, KV cache, recurrent banks, workspace, staging and verify lines are regions of ONE
+device allocation, the arena; the scratch and MTP lines are what the batched forward and the
+drafter allocate through torch beside it, and the reserve is the driver's and the libraries'.
 
 Every line is derived from the geometry in `Qwen35Config` and the exact byte counts of the tensors;
 each formula is written next to its code and repeated in the line's `formula` text. The planner
