@@ -361,6 +361,43 @@ def test_captured_drafts_equal_the_same_bodies_run_eagerly(small_cuda):
 
 
 @cuda
+def test_captured_sampled_drafts_equal_the_same_bodies_run_eagerly(small_cuda):
+    """The captured sample graph (top-QK filter, Gumbel-max on the drafter's uniforms) against its
+    body run eagerly: with the same RNG the same drafts and bitwise the same q; with all three
+    graphs the private pool still fits the plan's MTP scratch."""
+    from tightfit.plan.mtp import mtp_scratch_bytes
+    from tightfit.runtime.sampler import SamplingParams
+    from tightfit.runtime.spec.mtp import MTPCache
+    from tightfit.runtime.spec.mtp_graph import MTPStepGraph
+    eng = small_cuda
+    cfg = eng.config
+    head = _head(eng)
+    head.new_cache()
+    g = torch.Generator(device="cpu").manual_seed(9)
+    h = torch.randn(30, cfg.n_embd, generator=g).cuda()
+    toks = torch.randint(0, cfg.n_vocab, (30,), generator=g).tolist()
+    sp = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+    ref = MTPStepGraph(head, MTPCache(head, head.cache_capacity, fixed=True))
+    ref.use_graphs = False
+    r1 = np.random.default_rng(3)
+    want = [ref.draft_sampled(h[i:i + 3], toks[i:i + 3], i, 4, sp, r1) for i in range(0, 24, 3)]
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    graph = head.step_graph()
+    graph.draft(h[:3], toks[:3], 0, 2)                  # kv + draft captured too
+    r2 = np.random.default_rng(3)
+    got = [graph.draft_sampled(h[i:i + 3], toks[i:i + 3], i, 4, sp, r2) for i in range(0, 24, 3)]
+    torch.cuda.synchronize()
+    used = torch.cuda.memory_reserved() - before
+    assert graph.use_graphs and len(graph._graphs) == 3
+    assert used <= mtp_scratch_bytes(cfg, eng.model.n_ctx, cfg.n_vocab), used
+    for (wo, wq), (go, gq) in zip(want, got):
+        assert go == wo
+        for (wi, wp), (gi, gp) in zip(wq, gq):
+            assert np.array_equal(wi, gi) and np.array_equal(wp, gp)
+
+
+@cuda
 def test_greedy_speculation_with_captured_mtp_is_plain_greedy(small_cuda):
     from tightfit.runtime.spec import SpecConfig, SpeculativeEngine
     eng = small_cuda
@@ -411,3 +448,73 @@ def test_prefill_hidden_on_the_device_keeps_the_plain_logits(small_cuda):
     a.sync()
     b.sync()
     assert torch.equal(a.k[:, :40], b.k[:, :40]) and torch.equal(a.v[:, :40], b.v[:, :40])
+
+
+def _pairs(cfg, n, seed):
+    g = np.random.default_rng(seed)
+    return (torch.tensor(g.normal(size=(n, cfg.n_embd)), dtype=torch.float32),
+            g.integers(0, cfg.n_vocab, n).tolist())
+
+
+def test_graph_samples_from_the_q_it_returns(held):
+    """temperature > 0: the sample body's q for the first draft is the sampler's filtered
+    distribution of the head's logits (top-k within the QK candidates, top-p, min-p, then the
+    temperature), and its Gumbel-max draws follow that q (chi-square over 1,500 draws)."""
+    from tightfit.runtime.sampler import SamplingParams, filtered_distribution
+    from tightfit.runtime.spec.mtp import MTPCache
+    from tightfit.runtime.spec.mtp_graph import QK
+    cfg = held.config
+    head = _head(held)
+    graph = head.step_graph()
+    h, toks = _pairs(cfg, 4, 21)
+    sp = SamplingParams(temperature=1.3, top_k=12, top_p=0.97, min_p=0.01)
+    c = MTPCache(head, 64, fixed=True)
+    logits, _ = head.forward(h, toks, c, 0, logits="last")
+    want_ids, want_p = filtered_distribution(logits[-1].float().numpy(), sp)
+    rng = np.random.default_rng(4)
+    out, qs = graph.draft_sampled(h, toks, 0, 3, sp, rng)
+    assert len(out) == 3 and len(qs) == 3
+    for d, (ids, p) in zip(out, qs):
+        assert ids.shape == p.shape == (QK,) and abs(p.sum() - 1) < 1e-5
+        assert p[list(ids).index(d)] > 0                      # q covers its own draft
+    ids, p = qs[0]
+    got = {int(i): float(v) for i, v in zip(ids, p) if v > 0}
+    assert set(got) == set(int(i) for i in want_ids)
+    np.testing.assert_allclose([got[int(i)] for i in want_ids], want_p, rtol=1e-4, atol=1e-6)
+    n = 1500
+    counts = {}
+    for _ in range(n):
+        d = graph.draft_sampled(h, toks, 0, 1, sp, rng)[0][0]
+        counts[d] = counts.get(d, 0) + 1
+    assert set(counts) <= set(got)
+    exp = np.array([got[i] * n for i in sorted(got)])
+    obs = np.array([counts.get(i, 0) for i in sorted(got)], dtype=float)
+    rare = exp < 5
+    e2, o2 = np.append(exp[~rare], exp[rare].sum()), np.append(obs[~rare], obs[rare].sum())
+    if e2[-1] == 0:
+        e2, o2 = e2[:-1], o2[:-1]
+    stat, dof = float(((o2 - e2) ** 2 / e2).sum()), len(e2) - 1
+    assert stat < dof + 6 * np.sqrt(2 * dof) + 10, (stat, dof)  # ~ p < 1e-5 at these dof
+
+
+def test_sampled_propose_drafts_through_the_graph(held):
+    """MTPDrafter with temperature > 0 drafts through the step graph (one replay per pair but the
+    last and per draft), hands the verifier each draft's q, and its seed reproduces the drafts."""
+    from tightfit.runtime.sampler import SamplingParams
+    from tightfit.runtime.spec.mtp import MTPDrafter
+    cfg = held.config
+    head = _head(held)
+    graph = head.step_graph()
+    h, toks = _pairs(cfg, 6, 8)
+    sp = SamplingParams(temperature=0.9, top_k=30, top_p=0.95, min_p=0.05)
+    got = []
+    for _ in range(2):
+        a = MTPDrafter(head, max_draft=3, sampling=sp, rng=np.random.default_rng(77))
+        a.observe(h[:4], toks[:4])
+        rep = graph.replays
+        d = a.propose(3)
+        assert graph.replays - rep == 3 + 3
+        assert d.q is not None and len(d.q) == 3
+        assert all(t in set(int(i) for i, v in zip(*q) if v > 0) for t, q in zip(d.tokens, d.q))
+        got.append(d.tokens)
+    assert got[0] == got[1]

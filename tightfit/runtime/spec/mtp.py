@@ -577,17 +577,22 @@ class MTPDrafter:
                 pos = self.n_pos
                 self.reset(pos)          # past the planned context: nothing more to draft
                 return None
-        greedy = self.p_min <= 0.0 and (self.sampling is None or self.sampling.greedy)
-        graph = self.head.step_graph() if greedy else None
+        # the step graph drafts greedily, or samples (temperature > 0) from a draft distribution it
+        # returns with the tokens; a confidence cut (p_min) stays eager
+        graph = self.head.step_graph() if self.p_min <= 0.0 else None
         if graph is not None and limit <= graph.max_draft:
             at = self.n_true
             if n > self.GRAPH_MAX_PAIRS:         # KV rows of all but the last pair in one go
                 self.head.forward(h[:n - 1], toks[:n - 1], self.cache, at, logits="none")
                 h, toks, at = h[n - 1:], toks[n - 1:], at + n - 1
-            out = graph.draft(h, toks, at, limit)
+            qs = None
+            if self.sampling is None or self.sampling.greedy:
+                out = graph.draft(h, toks, at, limit)
+            else:
+                out, qs = graph.draft_sampled(h, toks, at, limit, self.sampling, self.rng)
             self.n_true += n
             self._ph, self._pt = [], []
-            return Draft(out, self.name, match_len=0)
+            return Draft(out, self.name, match_len=0, q=qs)
         logits, hout = self.head.forward(h, toks, self.cache, self.n_true, logits="last")
         self.n_true += n
         self._ph, self._pt = [], []

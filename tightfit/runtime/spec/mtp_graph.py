@@ -10,7 +10,13 @@ planned capacity):
     verified pair whose draft nobody needs: no attention, FFN or LM head);
   * `draft`: the full pair, then the LM head; d = argmax(logits) is written to out[j] and becomes
     the next pair's token, h' its hidden row; at, pos, j += 1. Replaying it k times drafts k
-    greedy tokens with no host sync in between (the token never leaves the device).
+    greedy tokens with no host sync in between (the token never leaves the device);
+  * `sample` (temperature > 0): as `draft`, but d is SAMPLED from the draft distribution q over the
+    logits' top QK candidates, filtered as the sampler filters (top-k within QK, then top-p and
+    min-p on the temperature-1 probabilities, then the temperature), by Gumbel-max with uniforms
+    the drafter's own numpy RNG wrote before the round (a seed reproduces the drafts); q's ids and
+    probabilities are kept per draft for the verifier's rejection sampling, which needs only
+    that q be exactly what d was drawn from (it is: softmax of the kept logits).
 The token's embedding is looked up on the device inside the graph (the executor's device
 embedding: embed_rows over the table in device memory), so a graph exists only when the model
 has one (MTPHead.embed_dev). Both graphs share one private memory pool: what
@@ -23,7 +29,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
+
+# candidates of the sampled draft distribution: a top-k past QK (or none) is cut to QK. The draft
+# distribution only has to be known exactly, not equal to the target's (rejection sampling keeps
+# the output distribution); past the top 64 the 27B-class heads leave ~no mass.
+QK = 64
 
 
 class MTPStepGraph:
@@ -42,6 +54,13 @@ class MTPStepGraph:
         # the decode attention kernel's view of the row: T = status[2] + 1 (int32, as the step's)
         self.status = torch.zeros(4, dtype=torch.int32, device=dev)
         self.out = torch.zeros(64, dtype=torch.int64, device=dev)   # drafted ids of a round
+        # sampled drafting: per draft j, the uniforms of its Gumbel-max draw and its q (ids, probs);
+        # sp = (1 / temperature, top_p, min_p, top_k within QK) as the round's sampling sets them
+        self.u = torch.full((64, QK), 0.5, dtype=torch.float32, device=dev)
+        self.q_ids = torch.zeros(64, QK, dtype=torch.int64, device=dev)
+        self.q_p = torch.zeros(64, QK, dtype=torch.float32, device=dev)
+        self.sp = torch.tensor([1.0, 2.0, 0.0, float(QK)], dtype=torch.float32, device=dev)
+        self._ar = torch.arange(QK, dtype=torch.float32, device=dev)
         self.use_graphs = dev.type == "cuda"
         self._graphs: dict[str, Any] = {}
         self.replays = 0
@@ -73,8 +92,30 @@ class MTPStepGraph:
         self._advance()
         self.j.add_(1)
 
+    def _sample_body(self) -> None:
+        hd = self.head
+        h2 = hd.step_pair(hd.embed_dev(self.tok), self.h, self.cache, self.at, self.pos, full=True,
+                          status=self.status)
+        vals, ids = torch.topk(hd.head_fn(h2).reshape(-1).float(), QK)     # sorted, descending
+        sp, ar = self.sp, self._ar
+        z = torch.where(ar < sp[3], vals - vals[0], float("-inf"))          # top-k within QK
+        p1 = torch.softmax(z, 0)                                           # temperature 1
+        keep = (ar < sp[3]) & (torch.cumsum(p1, 0) - p1 < sp[1]) & (p1 >= sp[2] * p1[0])
+        keep = keep | (ar == 0)
+        lt = torch.where(keep, z * sp[0], float("-inf"))
+        q = torch.softmax(lt, 0)
+        u = self.u.index_select(0, self.j).reshape(-1)
+        d = ids.index_select(0, torch.argmax(lt - torch.log(-torch.log(u))).reshape(1))
+        self.q_ids.index_copy_(0, self.j, ids.reshape(1, QK))
+        self.q_p.index_copy_(0, self.j, q.reshape(1, QK))
+        self.out.index_copy_(0, self.j, d)
+        self.tok.copy_(d)
+        self.h.copy_(h2)
+        self._advance()
+        self.j.add_(1)
+
     def _bodies(self):
-        return {"kv": self._kv_body, "draft": self._draft_body}
+        return {"kv": self._kv_body, "draft": self._draft_body, "sample": self._sample_body}
 
     def _capture(self, name: str):
         g = self._graphs.get(name)
@@ -121,13 +162,12 @@ class MTPStepGraph:
             self._bodies()[name]()
 
     # ---- one round ------------------------------------------------------------------------------
-    def draft(self, hidden: torch.Tensor, tokens: list[int], at: int, k: int) -> list[int]:
-        """Pairs (hidden[i], tokens[i]) at cache rows at.. (KV only but the last), then k greedy
-        drafts from the last pair; one host sync for the k ids. Rows at .. at + len - 1 + k - 1
-        are written (the drafts' rows are overwritten by the next round's pairs)."""
+    def _start(self, hidden: torch.Tensor, tokens: list[int], at: int, k: int) -> bool:
+        """Pairs (hidden[i], tokens[i]) at cache rows at.. (KV only but the last): the static
+        buffers then hold the last pair, ready to draft k tokens (False: nothing to draft)."""
         n = len(tokens)
         if n == 0 or k < 1:
-            return []
+            return False
         if k > self.max_draft:
             raise ValueError(f"MTP graph drafts at most {self.max_draft} tokens per round")
         if at + n - 1 + k > self.cache.capacity:
@@ -141,6 +181,34 @@ class MTPStepGraph:
             self.tok.fill_(int(tokens[i]))
             if i < n - 1:
                 self._run("kv")
+        return True
+
+    def draft(self, hidden: torch.Tensor, tokens: list[int], at: int, k: int) -> list[int]:
+        """Pairs (hidden[i], tokens[i]) at cache rows at.. (KV only but the last), then k greedy
+        drafts from the last pair; one host sync for the k ids. Rows at .. at + len - 1 + k - 1
+        are written (the drafts' rows are overwritten by the next round's pairs)."""
+        if not self._start(hidden, tokens, at, k):
+            return []
         for _ in range(k):
             self._run("draft")
         return [int(x) for x in self.out[:k].tolist()]
+
+    def draft_sampled(self, hidden: torch.Tensor, tokens: list[int], at: int, k: int,
+                      sampling, rng: np.random.Generator):
+        """As `draft`, but each token sampled from its draft distribution (see the module
+        docstring): (ids, [(q ids, q probs) per draft]), q as numpy arrays; one host read."""
+        if not self._start(hidden, tokens, at, k):
+            return [], []
+        tk = int(sampling.top_k)
+        self.sp.copy_(torch.tensor([1.0 / float(sampling.temperature),
+                                    float(sampling.top_p) if sampling.top_p < 1.0 else 2.0,
+                                    max(0.0, float(sampling.min_p)),
+                                    float(min(tk, QK) if tk > 0 else QK)], dtype=torch.float32))
+        # open interval: u in (0, 1) keeps both logs finite
+        u = np.clip(rng.random((k, QK)), 1e-12, 1.0 - 2.0 ** -24).astype(np.float32)
+        self.u[:k].copy_(torch.from_numpy(u))
+        for _ in range(k):
+            self._run("sample")
+        out = self.out[:k].cpu().numpy()
+        ids, probs = self.q_ids[:k].cpu().numpy(), self.q_p[:k].cpu().numpy().astype(np.float64)
+        return [int(x) for x in out], [(ids[i], probs[i]) for i in range(k)]
