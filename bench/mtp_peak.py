@@ -32,6 +32,9 @@ def main() -> int:
     ap.add_argument("--path", default="/tmp/seedmix-mtp.gguf")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--mode", default="mtp", choices=("mtp", "synth", "plain"))
+    ap.add_argument("--where", action="store_true",
+                    help="record allocation stacks; print where the memory outside the arena was "
+                         "allocated (live and cached blocks by their first tightfit frame)")
     a = ap.parse_args()
     mtp = a.mode == "mtp"
     from tightfit.model.generate import make_model
@@ -48,6 +51,8 @@ def main() -> int:
     budget = parse_size(a.vram)
     total_dev = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total_dev))
+    if a.where:
+        torch.cuda.memory._record_memory_history(max_entries=200000)
     plan = plan_for(a.path, a.ctx, budget, mtp=mtp)
     lines = {l.key: l.bytes for l in plan.lines}
     t = time.time()
@@ -95,7 +100,32 @@ def main() -> int:
           f"({(res['peak_reserved'] - res['limit']) / 2**20:+.0f} MiB)")
     print(f"{a.mode}: {res['graphs']} MTP graphs, {res['replays']} replays, {res['draft_n']} drafted; "
           f"{res['tokens']} tokens in {gen_s:.1f} s; load {load_s:.1f} s")
+    if a.where:
+        _where(torch, int(plan.arena_bytes))
     return 0 if res["peak_reserved"] <= res["limit"] else 1
+
+
+def _where(torch, arena_bytes: int) -> None:
+    """Blocks of every segment but the arena's, grouped by their first tightfit frame (or the
+    first frame at all), largest first: what the process holds beside its plan's arena."""
+    snap = torch.cuda.memory._snapshot()
+    groups: dict = {}
+    for seg in snap["segments"]:
+        if seg["total_size"] >= arena_bytes:          # the arena's one allocation
+            continue
+        for b in seg["blocks"]:
+            frames = b.get("frames") or []
+            where = next((f"{f['filename'].split('tightfit/')[-1]}:{f['line']} {f['name']}"
+                          for f in frames if "tightfit" in f["filename"]), None)
+            if where is None:
+                where = (f"{frames[0]['filename'].split('/')[-1]}:{frames[0]['line']}"
+                         if frames else "(no stack)")
+            key = (b["state"], where)
+            groups[key] = groups.get(key, 0) + int(b["size"])
+    total = sum(groups.values())
+    print(f"outside the arena: {total / 2**20:.1f} MiB in {len(groups)} places")
+    for (state, where), n in sorted(groups.items(), key=lambda kv: -kv[1])[:25]:
+        print(f"  {n / 2**20:8.1f} MiB  {state:14s} {where}")
 
 
 if __name__ == "__main__":
