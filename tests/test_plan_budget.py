@@ -198,3 +198,23 @@ def test_mma_fixup_line_matches_kernel_workspace(inv, monkeypatch):
     assert rows == head[0].ne[1] == 248320          # the output head (Q6_K)
     assert bufs["mma_fixup"].dtype == "u8"
     assert bufs["mma_fixup"].nbytes == gemv_mma.fixup_workspace_bytes(rows, DEFAULT_SMS)
+
+
+def test_scratch_line_prices_the_cublas_workspace(monkeypatch):
+    """The prefill GEMM's cuBLAS workspace is a block torch keeps beside the arena (session 17:
+    32 MiB on the H200, held to the end of the run): the scratch line adds it, sized by
+    CUBLAS_WORKSPACE_CONFIG when set."""
+    from tightfit.model.config import QWEN35_27B
+    from tightfit.plan.budget import PlanOptions, _fixed_lines, cublas_workspace_bytes
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert cublas_workspace_bytes() == 32 << 20
+    o = PlanOptions(ctx=4096, available=1 << 40, prefill_chunk=512)
+    line = _fixed_lines(QWEN35_27B, o)["scratch"]
+    d = line.details
+    assert d["cublas_workspace"] == 32 << 20
+    assert line.bytes == max(d["decode_bytes"], d["prefill_bytes"]) + (32 << 20)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2:16:8")
+    assert cublas_workspace_bytes() == (4096 * 2 + 16 * 8) * 1024
+    assert _fixed_lines(QWEN35_27B, o)["scratch"].bytes == line.bytes - (32 << 20) + 8320 * 1024
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "garbage")
+    assert cublas_workspace_bytes() == 32 << 20

@@ -145,6 +145,19 @@ def _validate_mtp(o: PlanOptions, cfg: Qwen35Config) -> None:
                         "needs the whole model on the GPU; use --host-embd auto or drop MTP")
 
 
+def cublas_workspace_bytes() -> int:
+    """The cuBLAS workspace torch's caching allocator keeps once the prefill GEMM has run (dequant
+    + cuBLAS): CUBLAS_WORKSPACE_CONFIG's ':KiB:count[:KiB:count...]' when set, else 32 MiB, what
+    torch takes on sm_90 (measured: session 17, `bench/mtp_peak.py --where`, one 32 MiB block
+    allocated under gemm_q._mm_f32 and held to the end; smaller on older GPUs: priced high)."""
+    import os
+    cfg = os.environ.get("CUBLAS_WORKSPACE_CONFIG", "").strip()
+    parts = [p for p in cfg.split(":") if p]
+    if parts and len(parts) % 2 == 0 and all(p.isdigit() for p in parts):
+        return sum(int(parts[i]) * int(parts[i + 1]) for i in range(0, len(parts), 2)) * 1024
+    return 32 << 20
+
+
 # the lines that are regions of the device arena (Plan.layout); the others (scratch, mtp, reserve)
 # are budget that the arena leaves to torch's caching allocator / the driver
 ARENA_LINES = ("kv_cache", "recurrent_state", "workspace", "staging", "verify")
@@ -368,13 +381,15 @@ def _fixed_lines(cfg: Qwen35Config, o: PlanOptions,
                             kv_type=None if fmt.name == "f16" else fmt.name)
     dec_bytes = max(v for k, v in dec.items() if k != "attention_partials")
     pre_bytes = pre["total"]
-    scratch = BillLine("scratch", "Scratch of the batched forward: max(prefill, verify)",
-                       max(dec_bytes, pre_bytes),
+    cub = cublas_workspace_bytes()
+    scratch = BillLine("scratch", "Scratch of the batched forward: max(prefill, verify) + cuBLAS",
+                       max(dec_bytes, pre_bytes) + cub,
                        "max(verify: T=batch largest block incl. attention partials, "
                        "prefill: T=min(chunk, ctx): resident rows + largest block (GEMM, GDN, "
-                       "attention tiles) + logits row, tightfit.plan.budget.prefill_workspace)",
+                       "attention tiles) + logits row, tightfit.plan.budget.prefill_workspace) "
+                       "+ the cuBLAS workspace torch keeps for the prefill GEMMs",
                        {"decode_bytes": dec_bytes, "prefill_bytes": pre_bytes, "prefill_tokens": P,
-                        "decode": dec, "prefill": pre})
+                        "cublas_workspace": cub, "decode": dec, "prefill": pre})
     lines = {"kv_cache": kv, "recurrent_state": state, "workspace": ws, "scratch": scratch}
     if o.include_mtp:              # absent otherwise: plans without MTP stay as they were
         lines["mtp"] = _mtp_line(cfg, o.ctx)
