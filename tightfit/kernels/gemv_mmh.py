@@ -80,19 +80,11 @@ def geometry(n_in: int, n_out: int, sms: int, rt: int = DEFAULT_RT, ctas_per_sm:
     return ctas
 
 
-def prepare(device=None, n_out: int = 0, rt: int = DEFAULT_RT) -> None:
-    """Compile now (outside any capture) and size gemv_mma's shared fixup workspace."""
-    dev = torch.device(device) if device is not None else torch.device("cuda")
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    _fn(idx, rt)
-    _mma._workspace(idx, -(-int(n_out) // 16), _mma._sms(idx) * _mma.MAX_CTAS_PER_SM * WARPS)
-
-
 def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
              rt: int | None = None) -> torch.Tensor:
     """out[N, n_out] (fp32) = x[N, K] (fp32, contiguous) . W^T, W = IQ4_XS raw blocks [n_out, K].
     Launched on torch's current stream; nothing allocated per call (CUDA-graph capturable after
-    one eager call of the shape, or `prepare`)."""
+    one eager call of the shape: it compiles the module and sizes gemv_mma's fixup workspace)."""
     if not supported(qtype):
         raise ValueError(f"MMH GEMV: GGML type {qtype} is not supported (IQ4_XS only)")
     rt = DEFAULT_RT if rt is None else int(rt)

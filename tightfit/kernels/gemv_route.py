@@ -298,12 +298,11 @@ def gemv_cuda_direct(x: torch.Tensor, w: torch.Tensor, qtype: int, n_out: int):
         return None
     from tightfit.kernels.gemv_cuda import gemv_cuda
     out = torch.empty((x.shape[0], int(n_out)), dtype=torch.float32, device=x.device)
-    if mmh_routed(qtype, int(x.shape[0]), w, int(x.shape[1]) * int(n_out)):
-        xf = x.to(torch.float32).contiguous()
-        if mmh_input(xf):
-            from tightfit.kernels.gemv_mmh import gemv_mmh
-            return gemv_mmh(xf, w, int(qtype), int(n_out), out)
-    qa = quantize_act(x.to(torch.float32).contiguous(), 0)
+    xf = x.to(torch.float32).contiguous()
+    if mmh_input(xf) and mmh_routed(qtype, int(x.shape[0]), w, int(x.shape[1]) * int(n_out)):
+        from tightfit.kernels.gemv_mmh import gemv_mmh
+        return gemv_mmh(xf, w, int(qtype), int(n_out), out)
+    qa = quantize_act(xf, 0)
     if mma_routed(qtype, int(x.shape[0]), w, int(x.shape[1]) * int(n_out)):
         from tightfit.kernels.gemv_mma import gemv_mma
         return gemv_mma(qa, w, int(qtype), int(n_out), out)

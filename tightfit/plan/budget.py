@@ -24,6 +24,7 @@ device or it does not fit, and says what the drafter costs.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -150,7 +151,6 @@ def cublas_workspace_bytes() -> int:
     + cuBLAS): CUBLAS_WORKSPACE_CONFIG's ':KiB:count[:KiB:count...]' when set, else 32 MiB, what
     torch takes on sm_90 (measured: session 17, `bench/mtp_peak.py --where`, one 32 MiB block
     allocated under gemm_q._mm_f32 and held to the end; smaller on older GPUs: priced high)."""
-    import os
     cfg = os.environ.get("CUBLAS_WORKSPACE_CONFIG", "").strip()
     parts = [p for p in cfg.split(":") if p]
     if parts and len(parts) % 2 == 0 and all(p.isdigit() for p in parts):
