@@ -49,11 +49,11 @@ def check(n_in, n_out, ns, gen, rows=96):
             0, n_out, rows), [n_out - 1]]))
         wr = w.view(n_out, -1)[torch.as_tensor(pick, device="cuda")].cpu().numpy()
         for n in ns:
-          for kw in ({"rt": 1}, {"rt": 2}):
+          for kw in ({"rt": 1}, {"rt": 2}, {"rt": 1, "kind": "fold"}, {"rt": 2, "kind": "fold"}):
             x = torch.randn(n, n_in, device="cuda")
             out = torch.empty(n, n_out, device="cuda")
             y = gemv_mmh.gemv_mmh(x, w, IQ4_XS, n_out, out, **kw).cpu().numpy()[:, pick]
-            ref = gemv_mmh.gemv_mmh_ref(x.cpu().numpy(), wr, len(pick))
+            ref = gemv_mmh.gemv_mmh_ref(x.cpu().numpy(), wr, len(pick), kw.get("kind", "table"))
             rel = float(np.abs(y - ref).max() / (np.abs(ref).max() + 1e-30))
             y2 = gemv_mmh.gemv_mmh(x, w, IQ4_XS, n_out, torch.empty_like(out), **kw).cpu().numpy()[:, pick]
             res.append(dict(kind="check", n_in=n_in, n_out=n_out, N=n, scales=tag + str(kw), relerr=rel,
@@ -78,7 +78,10 @@ def timeit(n_in, n_out, ns, gen, min_bytes=1.5e9):
         if n in (1, 5):
             for rt in RTS:
                 impls[f"mmh_rt{rt}"] = (lambda rt: lambda w, o: gemv_mmh.gemv_mmh(
-                    x, w, IQ4_XS, n_out, o, rt=rt))(rt)
+                    x, w, IQ4_XS, n_out, o, rt=rt, kind="table"))(rt)
+        for rt in RTS:
+            impls[f"fold_rt{rt}"] = (lambda rt: lambda w, o: gemv_mmh.gemv_mmh(
+                x, w, IQ4_XS, n_out, o, rt=rt, kind="fold"))(rt)
         for name, fn in impls.items():
             if name == "mma" and n not in (1, 5, 8):
                 continue
@@ -142,11 +145,14 @@ def main():
             print(f"| {k}→{m} | {n} | {u:.1f} | {100 * gbs / bw:.0f} % | "
                   f"{'' if cu is None else f'{cu:.1f}'} | {'' if mm is None else f'{mm:.1f}'} | "
                   f"{'' if c1 is None else f'{u / c1:.2f}'} |")
-    print("| shape | N | " + " | ".join(f"rt {rt}" for rt in RTS) + " |")
+    names = [f"mmh_rt{rt}" for rt in RTS] + [f"fold_rt{rt}" for rt in RTS]
+    print("| shape | N | " + " | ".join(names) + " | cu N=1 |")
     for k, m in shapes:
-        for n in (1, 5):
-            v = [t.get((f"mmh_rt{rt}", k, m, n)) for rt in RTS]
-            print(f"| {k}→{m} | {n} | " + " | ".join("" if u is None else f"{u:.1f}" for u in v) + " |")
+        for n in ns:
+            v = [t.get((nm, k, m, n)) for nm in names]
+            c1 = t.get(("cu", k, m, 1))
+            print(f"| {k}→{m} | {n} | " + " | ".join("" if u is None else f"{u:.1f}" for u in v)
+                  + f" | {'' if c1 is None else f'{c1:.1f}'} |")
 
 if __name__ == "__main__":
     main()

@@ -59,6 +59,36 @@ def test_lane_decode_is_gguf_dequantization(scale):
         np.testing.assert_array_equal(got.astype(np.float32), ref[bi])
 
 
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="needs a C++ compiler")
+@pytest.mark.parametrize("scale", [(1e-3, 1e-2), (3e-6, 5e-5)], ids=["normal", "subnormal"])
+def test_fold_lane_weights_are_gguf_dequantization_in_bf16(scale):
+    """The fold kernel's lanes (header functions, g++) cover each of a block's 256 elements exactly
+    once, with fold_weights' values bitwise; those are gguf-py's dequantized weights within the two
+    bf16 roundings (scale, then product; each <= 2^-8 relative), and fold_weights unrounded IS gguf-py."""
+    blocks = _blocks(6, 4, scale)
+    ref = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.IQ4_XS).reshape(6, 256)
+    want = H.fold_weights(blocks.reshape(-1), 6, 256)
+    np.testing.assert_array_equal(H.fold_weights(blocks.reshape(-1), 6, 256, rounded=False)
+                                  .astype(np.float32), ref)
+    assert (np.abs(want - ref) <= (2.0 ** -7 + 2.0 ** -16) * np.abs(ref)).all()   # (1 + 2^-8)^2 - 1
+    assert (want != ref).any()                  # the rounding is real: the reference must model it
+    for bi, blk in enumerate(blocks):
+        got = np.full(256, np.nan)
+        seen = np.zeros(256, int)
+        for t in range(4):
+            pairs = H.host_lane_fold(blk, 3, t)
+            for s in range(4):
+                for m in range(8):
+                    e = 32 * (2 * s + t // 2) + 8 * (t % 2) + m
+                    v = int(pairs[s, m])
+                    for el, bits in ((e, v & 0xFFFF), (e + 16, v >> 16)):
+                        got[el] = float(H.bf16_bits_to_f32(bits))
+                        seen[el] += 1
+        assert (seen == 1).all()
+        np.testing.assert_array_equal(got, want[bi])
+
+
 def test_bf16_round_is_torch_bfloat16():
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.standard_normal(4096).astype(np.float32) * 10 ** rng.uniform(-8, 8, 4096),
@@ -90,11 +120,12 @@ def test_bad_operands_are_refused_before_any_launch():
         (dict(x=torch.zeros(2, 500)), "do not hold"),
         (dict(out=torch.zeros(2, 5)), "out must be"),
         (dict(rt=3), "rt 3"),
+        (dict(kind="lut"), "kind 'lut'"),
     ]
     for kw, msg in cases:
         args = dict(x=x, w=w, qtype=IQ4_XS, n_out=4, out=out)
         args.update(kw)
-        extra = {k: args.pop(k) for k in ("rt",) if k in args}
+        extra = {k: args.pop(k) for k in ("rt", "kind") if k in args}
         with pytest.raises(ValueError, match=msg):
             H.gemv_mmh(args["x"], args["w"], args["qtype"], args["n_out"], args["out"], **extra)
 

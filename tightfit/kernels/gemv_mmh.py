@@ -32,6 +32,11 @@ MINB = 2                       # resident CTAs per SM (launch bounds: 128 regist
 TYPES = (23,)                  # IQ4_XS
 RTS = (1, 2)                   # 16-row tiles per warp (within 5 % of each other at N = 5)
 DEFAULT_RT = 1
+# kernel per kind: "table" = tf_mmh_iq4 (exact codes, per-group fp32 scale after each group's
+# products, 4-byte weight loads); "fold" = tf_mmh2_iq4 (the group scale folded into bf16 weights,
+# 8-byte weight loads, one accumulation per row). gemv_mmh.cuh says why each exists.
+KINDS = {"table": "tf_mmh_iq4", "fold": "tf_mmh2_iq4"}
+DEFAULT_KIND = "table"
 MAX_N = 8
 _lock = threading.Lock()
 _fns: dict[tuple[int, int], object] = {}
@@ -52,15 +57,15 @@ def available() -> bool:
     return torch.cuda.is_available() and _rt.cupy() is not None
 
 
-def _fn(device: int, rt: int):
-    key = (device, rt)
+def _fn(device: int, rt: int, kind: str = DEFAULT_KIND):
+    key = (device, rt, kind)
     fn = _fns.get(key)
     if fn is None:
         with _lock:
             fn = _fns.get(key)
             if fn is None:
                 cp = _rt.cupy()
-                name = f"tf_mmh_iq4<{rt}>"
+                name = f"{KINDS[kind]}<{rt}>"
                 with cp.cuda.Device(device):
                     mod = cp.RawModule(code=source(), options=("-std=c++17",),
                                        name_expressions=[name])
@@ -81,13 +86,16 @@ def geometry(n_in: int, n_out: int, sms: int, rt: int = DEFAULT_RT, ctas_per_sm:
 
 
 def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
-             rt: int | None = None) -> torch.Tensor:
+             rt: int | None = None, kind: str | None = None) -> torch.Tensor:
     """out[N, n_out] (fp32) = x[N, K] (fp32, contiguous) . W^T, W = IQ4_XS raw blocks [n_out, K].
     Launched on torch's current stream; nothing allocated per call (CUDA-graph capturable after
     one eager call of the shape: it compiles the module and sizes gemv_mma's fixup workspace)."""
     if not supported(qtype):
         raise ValueError(f"MMH GEMV: GGML type {qtype} is not supported (IQ4_XS only)")
     rt = DEFAULT_RT if rt is None else int(rt)
+    kind = DEFAULT_KIND if kind is None else kind
+    if kind not in KINDS:
+        raise ValueError(f"MMH GEMV: kind {kind!r} not in {tuple(KINDS)}")
     if rt not in RTS:
         raise ValueError(f"MMH GEMV: rt {rt} not in {RTS}")
     if x.dtype != torch.float32 or not x.is_contiguous() or x.dim() != 2:
@@ -108,7 +116,7 @@ def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: 
     if ctas is None:
         ctas = _geom[key] = geometry(k, int(n_out), _mma._sms(dev.index), rt)
     ws = _mma._workspace(dev.index, -(-int(n_out) // 16), ctas * WARPS)
-    fn = _fn(dev.index, rt)
+    fn = _fn(dev.index, rt, kind)
     stream = _rt.stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
     with stream:
         fn((ctas, 1, 1), (THREADS, 1, 1),
@@ -125,12 +133,39 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
     return r.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
-def gemv_mmh_ref(x: np.ndarray, w_raw: np.ndarray, n_out: int) -> np.ndarray:
+KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                   np.float32)   # kvalues_iq4nl
+
+
+def fold_weights(w_raw: np.ndarray, n_out: int, k: int, rounded: bool = True) -> np.ndarray:
+    """IQ4_XS weights [n_out, k] as the "fold" kernel forms them: per group s = bf16(d * (ls -
+    32)) (fp32 product, rounded to nearest even), weight = bf16(kvalue * s). rounded=False gives
+    d * (ls - 32) * kvalue unrounded (= the GGUF dequantization, which the tests check)."""
+    b = np.asarray(w_raw, dtype=np.uint8).reshape(-1, BB)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
+    sh = b[:, 2:4].copy().view(np.uint16)[:, 0].astype(np.int32)
+    j = np.arange(8)
+    ls = ((b[:, 4 + j // 2].astype(np.int32) >> (4 * (j % 2))) & 15) | (((sh[:, None] >> (2 * j)) & 3) << 4)
+    s = d[:, None] * (ls - 32).astype(np.float32)                       # [nblk, 8], exact in fp32
+    q = b[:, 8:].reshape(-1, 8, 16)
+    codes = np.concatenate([KVALUES[q & 15], KVALUES[q >> 4]], axis=2)   # [nblk, 8 groups, 32]
+    if rounded:
+        s = bf16_round(s).astype(np.float32)
+        w = bf16_round(codes * s[:, :, None])
+    else:
+        w = codes.astype(np.float64) * s[:, :, None]
+    return w.reshape(n_out, k)
+
+
+def gemv_mmh_ref(x: np.ndarray, w_raw: np.ndarray, n_out: int, kind: str = DEFAULT_KIND) -> np.ndarray:
     """What the kernel computes, in float64: the GGUF dequantization of W (tightfit.quant's
-    reference) against x rounded to bf16."""
+    reference; "fold": rounded as fold_weights) against x rounded to bf16."""
     from tightfit.quant import dequantize
     k = x.shape[1]
-    w = dequantize(np.asarray(w_raw, dtype=np.uint8).reshape(-1), 23, (n_out, k))
+    if kind == "fold":
+        w = fold_weights(w_raw, n_out, k)
+    else:
+        w = dequantize(np.asarray(w_raw, dtype=np.uint8).reshape(-1), 23, (n_out, k))
     return bf16_round(x) @ w.astype(np.float64).T
 
 
@@ -157,6 +192,25 @@ extern "C" void tf_mmh_host_lane(const uint8_t* blk, int g, int t, uint32_t* row
     f[j] = tf_mmh_ls_f32(j & 1 ? uo : ue, j >> 1);
   }
 }
+// The fold kernel's weights of lane (g, t): for segment s and byte m of the lane's 8 bytes, the
+// bf16x2 (element e_m, e_m + 16) it multiplies into the mma: the table entry times the group scale.
+extern "C" void tf_mmh2_host_lane(const uint8_t* blk, int g, int t, uint32_t* wpair) {
+  const int lane = 4 * g + t;
+  uint32_t h0, h1, ue, uo;
+  memcpy(&h0, blk, 4); memcpy(&h1, blk + 4, 4);
+  tf_mmh_iq4_ls(h0, h1, ue, uo);
+  const float d = tf_h2f((uint16_t)h0);
+  for (int s = 0; s < 4; ++s) {
+    const uint32_t sc = tf_mmh2_scale((t >> 1) ? uo : ue, s, d);
+    for (int wi = 0; wi < 2; ++wi) {
+      uint32_t w; memcpy(&w, blk + 8 + 32 * s + 8 * t + 4 * wi, 4);
+      for (int m = 0; m < 4; ++m) {
+        const uint32_t a = tf_mmh_addr(w, 4u * (uint32_t)lane, m);
+        wpair[8 * s + 4 * wi + m] = tf_mmh_mul(tf_mmh_iq4_entry(a >> 8), sc);
+      }
+    }
+  }
+}
 """
 _host_lib: list = []
 
@@ -172,6 +226,8 @@ def _host():
             P = ctypes.c_void_p
             lib.tf_mmh_host_lane.argtypes = [P, ctypes.c_int, ctypes.c_int, P, P, P, P]
             lib.tf_mmh_host_lane.restype = None
+            lib.tf_mmh2_host_lane.argtypes = [P, ctypes.c_int, ctypes.c_int, P]
+            lib.tf_mmh2_host_lane.restype = None
             _host_lib.append(lib)
     return _host_lib[0]
 
@@ -191,3 +247,14 @@ def host_lane(blk: np.ndarray, g: int, t: int) -> dict[str, np.ndarray]:
 
 def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
     return (np.asarray(b, dtype=np.uint32) << 16).astype(np.uint32).view(np.float32)
+
+
+def host_lane_fold(blk: np.ndarray, g: int, t: int) -> np.ndarray:
+    """The fold kernel's weights of lane (g, t) for one IQ4_XS block, on the CPU (the header's own
+    functions): uint32 [4 segments, 8 bytes], bf16 pairs (element e, e + 16) with e = 32 * (2s +
+    t // 2) + 8 * (t % 2) + m."""
+    buf = np.zeros(BB + 8, np.uint8)
+    buf[:BB] = np.asarray(blk, dtype=np.uint8).reshape(-1)[:BB]
+    out = np.zeros(32, np.uint32)
+    _host().tf_mmh2_host_lane(buf.ctypes.data, int(g), int(t), out.ctypes.data)
+    return out.reshape(4, 8)

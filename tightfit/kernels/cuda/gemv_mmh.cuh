@@ -248,3 +248,135 @@ tf_mmh_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __
   }
 }
 #endif  // TF_DEVICE
+
+// ---------------------------------------------------------------------------------------------
+// tf_mmh2_iq4<RT>: the same table, the group scales folded into the weights (session 18).
+// Why: tf_mmh_iq4 loads 4 bytes per lane (the quad of a row reads 16 contiguous bytes: each
+// 128 bytes a warp loads touch 8 rows' lines) because one product's 16 k slots must all come from
+// ONE group for its scale to apply after the product. Here every lane multiplies its table
+// entries by its own group's s = bf16(d * (ls - 32)) (one mul.bf16x2 per two weights, replacing
+// the per-group fp32 epilogue), so a product may mix groups: lane t of a row reads bytes 8t..8t+7
+// of each 32-byte segment of qs (one 8-byte load; the quad reads a whole sector), and the tensor
+// core accumulates the whole row. Weights are rounded to bf16 (8 significant bits, as x).
+// Segment s, lane t: group j = 2s + (t >> 1), bytes 8(t & 1) + m (m = 0..7) = element pairs
+// (e_m, e_m + 16), e_m = 32j + 8(t & 1) + m. Product p (0..3) of the segment takes bytes 2p
+// (slots 2t, 2t+1) and 2p + 1 (slots 2t+8, 2t+9); B holds (x[e], x[e + 16]) of the same bytes.
+TF_DEV uint32_t tf_mmh_mul(uint32_t a, uint32_t b) {
+#if TF_DEVICE
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else   // host harness: the bf16 products, each rounded to nearest even
+  uint32_t r = 0;
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t ua = ((a >> (16 * h)) & 0xFFFFu) << 16, ub = ((b >> (16 * h)) & 0xFFFFu) << 16;
+    float fa, fb; memcpy(&fa, &ua, 4); memcpy(&fb, &ub, 4);
+    const float f = fa * fb;
+    uint32_t v; memcpy(&v, &f, 4);
+    r |= ((v + 0x7FFFu + ((v >> 16) & 1u)) >> 16) << (16 * h);
+  }
+  return r;
+#endif
+}
+
+// Row i's scale for segment s as a bf16x2 splat: u = ue / uo (the lane's group parity), byte s.
+TF_DEV uint32_t tf_mmh2_scale(uint32_t u, int s, float d) {
+  const float f = tf_mmh_ls_f32(u, s) * d;
+#if TF_DEVICE
+  return tf_mmh_pack(f, f);
+#else
+  uint32_t v; memcpy(&v, &f, 4);
+  v = (v + 0x7FFFu + ((v >> 16) & 1u)) >> 16;
+  return v | (v << 16);
+#endif
+}
+
+#if TF_DEVICE
+template <int RT>
+__global__ void __launch_bounds__(TF_MMH_THREADS, TF_MMH_MINB)
+tf_mmh2_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
+            int n_out, int K, int ncols, int* cnt, float* part) {
+  tf_mmh_fill_iq4(tf_mmh_lut);
+  uint32_t lut;
+  asm("mov.u32 %0, tf_mmh_lut;" : "=r"(lut));
+  constexpr int BB = 136;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const uint32_t l4 = 4u * (uint32_t)lane;
+  const int nb = K >> 8;
+  const int spt = nb;
+  const int groups = (n_out + 16 * RT - 1) / (16 * RT);
+  const tf_mma_ix items = (tf_mma_ix)groups * spt;
+  int it, iend;
+  tf_mma_warp_range(items, it, iend);
+  const bool xon = g < ncols;
+  const bool odd = (t >> 1) != 0;                 // the lane's groups are the odd ones
+  const float* __restrict__ xc = x + (uint64_t)(xon ? g : 0) * K + 32 * (t >> 1) + 8 * (t & 1);
+  while (it < iend) {                                        // warp-uniform
+    const int tg = it / spt, s0 = it - tg * spt;
+    const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
+    const uint8_t* __restrict__ wr[2 * RT];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      const int ra = (tg * RT + rt) * 16 + g, rb = ra + 8;
+      wr[2 * rt] = W + (uint64_t)(ra < n_out ? ra : n_out - 1) * nb * BB;
+      wr[2 * rt + 1] = W + (uint64_t)(rb < n_out ? rb : n_out - 1) * nb * BB;
+    }
+    float acc[RT][1][4];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[rt][0][i] = 0.f;
+    for (int b = s0; b < s1; ++b) {
+      uint32_t h[2 * RT][2], q[2 * RT][8];
+#pragma unroll
+      for (int i = 0; i < 2 * RT; ++i) {
+        const uint8_t* blk = wr[i] + (uint64_t)b * BB;
+        tf_mma_ld8(blk, h[i][0], h[i][1]);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) tf_mma_ld8(blk + 8 + 32 * s + 8 * t, q[i][2 * s], q[i][2 * s + 1]);
+      }
+      float dd[2 * RT];
+      uint32_t us[2 * RT];
+#pragma unroll
+      for (int i = 0; i < 2 * RT; ++i) {
+        uint32_t ue, uo;
+        tf_mmh_iq4_ls(h[i][0], h[i][1], ue, uo);
+        us[i] = odd ? uo : ue;
+        dd[i] = tf_h2f((uint16_t)h[i][0]);
+      }
+      const float* __restrict__ xb = xc + b * 256;
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint32_t bx[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};   // byte m: (x[e_m], x[e_m + 16])
+        if (xon) {
+          const float4 v0 = *(const float4*)(xb + 64 * s), v1 = *(const float4*)(xb + 64 * s + 4);
+          const float4 v2 = *(const float4*)(xb + 64 * s + 16), v3 = *(const float4*)(xb + 64 * s + 20);
+          bx[0] = tf_mmh_pack(v0.x, v2.x); bx[1] = tf_mmh_pack(v0.y, v2.y);
+          bx[2] = tf_mmh_pack(v0.z, v2.z); bx[3] = tf_mmh_pack(v0.w, v2.w);
+          bx[4] = tf_mmh_pack(v1.x, v3.x); bx[5] = tf_mmh_pack(v1.y, v3.y);
+          bx[6] = tf_mmh_pack(v1.z, v3.z); bx[7] = tf_mmh_pack(v1.w, v3.w);
+        }
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt) {
+          const uint32_t sa = tf_mmh2_scale(us[2 * rt], s, dd[2 * rt]);
+          const uint32_t sb = tf_mmh2_scale(us[2 * rt + 1], s, dd[2 * rt + 1]);
+#pragma unroll
+          for (int p = 0; p < 4; ++p) {
+            const uint32_t w0 = q[2 * rt][2 * s + (p >> 1)], w1 = q[2 * rt + 1][2 * s + (p >> 1)];
+            const int m0 = 2 * (p & 1);
+            const uint32_t a[4] = {tf_mmh_mul(tf_mmh_lds(lut, tf_mmh_addr(w0, l4, m0)), sa),
+                                   tf_mmh_mul(tf_mmh_lds(lut, tf_mmh_addr(w1, l4, m0)), sb),
+                                   tf_mmh_mul(tf_mmh_lds(lut, tf_mmh_addr(w0, l4, m0 + 1)), sa),
+                                   tf_mmh_mul(tf_mmh_lds(lut, tf_mmh_addr(w1, l4, m0 + 1)), sb)};
+            const uint32_t bb[2] = {bx[2 * p], bx[2 * p + 1]};
+            tf_mmh_bf16(a, bb, acc[rt][0]);
+          }
+        }
+      }
+    }
+    tf_mma_finish<RT, 1>(y, n_out, ncols, tg, g, t, s0 == 0 && s1 == spt, spt, cnt, part, acc);
+    it += s1 - s0;
+  }
+}
+#endif  // TF_DEVICE
