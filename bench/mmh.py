@@ -49,13 +49,15 @@ def check(n_in, n_out, ns, gen, rows=96):
             0, n_out, rows), [n_out - 1]]))
         wr = w.view(n_out, -1)[torch.as_tensor(pick, device="cuda")].cpu().numpy()
         for n in ns:
-          for kw in ({"rt": 1}, {"rt": 2}, {"rt": 1, "kind": "fold"}, {"rt": 2, "kind": "fold"}):
+          for kw in ({"rt": 1}, {"rt": 2}, {"rt": 1, "kind": "fold"}, {"rt": 2, "kind": "fold"},
+                     {"rt": 1, "kind": "foldp"}, {"rt": 2, "kind": "foldp"}, {"rt": 1, "kind": "foldp3"}):
             x = torch.randn(n, n_in, device="cuda")
+            xk = gemv_mmh.xpack(x) if kw.get("kind", "").startswith("foldp") else x
             out = torch.empty(n, n_out, device="cuda")
-            y = gemv_mmh.gemv_mmh(x, w, IQ4_XS, n_out, out, **kw).cpu().numpy()[:, pick]
+            y = gemv_mmh.gemv_mmh(xk, w, IQ4_XS, n_out, out, **kw).cpu().numpy()[:, pick]
             ref = gemv_mmh.gemv_mmh_ref(x.cpu().numpy(), wr, len(pick), kw.get("kind", "table"))
             rel = float(np.abs(y - ref).max() / (np.abs(ref).max() + 1e-30))
-            y2 = gemv_mmh.gemv_mmh(x, w, IQ4_XS, n_out, torch.empty_like(out), **kw).cpu().numpy()[:, pick]
+            y2 = gemv_mmh.gemv_mmh(xk, w, IQ4_XS, n_out, torch.empty_like(out), **kw).cpu().numpy()[:, pick]
             res.append(dict(kind="check", n_in=n_in, n_out=n_out, N=n, scales=tag + str(kw), relerr=rel,
                             repeat_equal=bool((y == y2).all()), ok=rel < 1e-5 and bool((y == y2).all())))
     return res
@@ -79,9 +81,13 @@ def timeit(n_in, n_out, ns, gen, min_bytes=1.5e9):
             for rt in RTS:
                 impls[f"mmh_rt{rt}"] = (lambda rt: lambda w, o: gemv_mmh.gemv_mmh(
                     x, w, IQ4_XS, n_out, o, rt=rt, kind="table"))(rt)
+        xp = gemv_mmh.xpack(x)
         for rt in RTS:
             impls[f"fold_rt{rt}"] = (lambda rt: lambda w, o: gemv_mmh.gemv_mmh(
                 x, w, IQ4_XS, n_out, o, rt=rt, kind="fold"))(rt)
+            impls[f"foldp_rt{rt}"] = (lambda rt: lambda w, o: gemv_mmh.gemv_mmh(
+                xp, w, IQ4_XS, n_out, o, rt=rt, kind="foldp"))(rt)
+        impls["foldp3_rt1"] = lambda w, o: gemv_mmh.gemv_mmh(xp, w, IQ4_XS, n_out, o, rt=1, kind="foldp3")
         for name, fn in impls.items():
             if name == "mma" and n not in (1, 5, 8):
                 continue
@@ -145,7 +151,8 @@ def main():
             print(f"| {k}→{m} | {n} | {u:.1f} | {100 * gbs / bw:.0f} % | "
                   f"{'' if cu is None else f'{cu:.1f}'} | {'' if mm is None else f'{mm:.1f}'} | "
                   f"{'' if c1 is None else f'{u / c1:.2f}'} |")
-    names = [f"mmh_rt{rt}" for rt in RTS] + [f"fold_rt{rt}" for rt in RTS]
+    names = ([f"mmh_rt{rt}" for rt in RTS] + [f"fold_rt{rt}" for rt in RTS]
+             + [f"foldp_rt{rt}" for rt in RTS] + ["foldp3_rt1"])
     print("| shape | N | " + " | ".join(names) + " | cu N=1 |")
     for k, m in shapes:
         for n in ns:

@@ -28,14 +28,16 @@ from _gpu_blocks import capture, rand_weights  # noqa: E402
 pytestmark = [pytest.mark.gpu]
 IQ4_XS = 23
 SHAPES = [(256, 16), (512, 40), (2304, 300), (5120, 1024), (17408, 5120), (5120, 17408)]
-KERNELS = [dict(rt=1), dict(rt=2), dict(rt=1, kind="fold"), dict(rt=2, kind="fold")]
+KERNELS = [dict(rt=1), dict(rt=2), dict(rt=1, kind="fold"), dict(rt=2, kind="fold"),
+           dict(rt=1, kind="foldp"), dict(rt=2, kind="foldp")]
 
 
 def _check(n_in, n_out, n, kw, scale, seed=0):
     w = rand_weights(IQ4_XS, n_out, n_in, seed, scale=scale)
     x = torch.randn(n, n_in, device="cuda") * 3
     out = torch.full((n, n_out), float("nan"), device="cuda")
-    y = H.gemv_mmh(x, w, IQ4_XS, n_out, out, **kw)
+    xk = H.xpack(x) if kw.get("kind") == "foldp" else x
+    y = H.gemv_mmh(xk, w, IQ4_XS, n_out, out, **kw)
     assert not torch.isnan(y).any(), "unwritten outputs"
     rng = np.random.default_rng(seed)
     sel = np.unique(np.concatenate([rng.choice(n_out, min(48, n_out), replace=False),
@@ -45,7 +47,7 @@ def _check(n_in, n_out, n, kw, scale, seed=0):
     got = y.cpu().numpy()[:, sel]
     err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
     assert err < 1e-5, f"{n_in}->{n_out} N={n} {kw} {scale}: {err:.2e}"
-    again = H.gemv_mmh(x, w, IQ4_XS, n_out, torch.full_like(out, float("nan")), **kw)
+    again = H.gemv_mmh(xk, w, IQ4_XS, n_out, torch.full_like(out, float("nan")), **kw)
     assert torch.equal(again, y), "not bitwise repeatable"
 
 

@@ -35,7 +35,10 @@ DEFAULT_RT = 1
 # kernel per kind: "table" = tf_mmh_iq4 (exact codes, per-group fp32 scale after each group's
 # products, 4-byte weight loads); "fold" = tf_mmh2_iq4 (the group scale folded into bf16 weights,
 # 8-byte weight loads, one accumulation per row). gemv_mmh.cuh says why each exists.
-KINDS = {"table": "tf_mmh_iq4", "fold": "tf_mmh2_iq4"}
+KINDS = {"table": "tf_mmh_iq4<{rt}>", "fold": "tf_mmh2_iq4<{rt}, 0>",
+         "foldp": "tf_mmh2_iq4<{rt}, 1>",    # foldp: x given packed (xpack)
+         "foldp3": "tf_mmh2_iq4<{rt}, 1, 3>"}   # foldp at 3 CTAs per SM (85 registers)
+_CTAS_PER_SM = {"foldp3": 3}
 DEFAULT_KIND = "table"
 MAX_N = 8
 _lock = threading.Lock()
@@ -65,7 +68,7 @@ def _fn(device: int, rt: int, kind: str = DEFAULT_KIND):
             fn = _fns.get(key)
             if fn is None:
                 cp = _rt.cupy()
-                name = f"{KINDS[kind]}<{rt}>"
+                name = KINDS[kind].format(rt=rt)
                 with cp.cuda.Device(device):
                     mod = cp.RawModule(code=source(), options=("-std=c++17",),
                                        name_expressions=[name])
@@ -98,9 +101,14 @@ def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: 
         raise ValueError(f"MMH GEMV: kind {kind!r} not in {tuple(KINDS)}")
     if rt not in RTS:
         raise ValueError(f"MMH GEMV: rt {rt} not in {RTS}")
-    if x.dtype != torch.float32 or not x.is_contiguous() or x.dim() != 2:
+    if kind.startswith("foldp"):   # x: xpack's int32 [N, K / 2]
+        if x.dtype != torch.int32 or not x.is_contiguous() or x.dim() != 2:
+            raise ValueError("MMH GEMV: packed x must be xpack's contiguous int32 [N, K / 2]")
+        n, k = x.shape[0], 2 * x.shape[1]
+    elif x.dtype != torch.float32 or not x.is_contiguous() or x.dim() != 2:
         raise ValueError("MMH GEMV: x must be a contiguous fp32 [N, K] tensor")
-    n, k = x.shape
+    else:
+        n, k = x.shape
     if not 1 <= n <= MAX_N:
         raise ValueError(f"MMH GEMV: {n} columns (1..{MAX_N})")
     if k % 256 or w_raw.numel() != int(n_out) * (k // 256) * BB:
@@ -111,10 +119,11 @@ def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: 
     if w_raw.data_ptr() % 16 or x.data_ptr() % 16:
         raise ValueError("MMH GEMV: weights and x must be 16-byte aligned")
     dev = w_raw.device
-    key = (k, int(n_out), dev.index, rt)
+    cps = _CTAS_PER_SM.get(kind, MINB)
+    key = (k, int(n_out), dev.index, rt, cps)
     ctas = _geom.get(key)
     if ctas is None:
-        ctas = _geom[key] = geometry(k, int(n_out), _mma._sms(dev.index), rt)
+        ctas = _geom[key] = geometry(k, int(n_out), _mma._sms(dev.index), rt, cps)
     ws = _mma._workspace(dev.index, -(-int(n_out) // 16), ctas * WARPS)
     fn = _fn(dev.index, rt, kind)
     stream = _rt.stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
@@ -124,6 +133,14 @@ def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: 
             np.int32(n_out), np.int32(k), np.int32(n), np.uint64(ws.cnt), np.uint64(ws.part)),
            shared_mem=LUT_BYTES)
     return out
+
+
+def xpack(x: torch.Tensor) -> torch.Tensor:
+    """fp32 [N, K] -> the packed operand of kind "foldp": int32 [N, K / 2], per group of 32 the 16
+    words (x[i], x[i + 16]) as bf16x2 (low half = x[i]), rounded to nearest even."""
+    n, k = x.shape
+    b = x.to(torch.bfloat16).view(torch.int16).reshape(n, k // 32, 2, 16).to(torch.int32) & 0xFFFF
+    return (b[:, :, 0] | (b[:, :, 1] << 16)).reshape(n, k // 2).contiguous()
 
 
 def bf16_round(x: np.ndarray) -> np.ndarray:
@@ -162,7 +179,7 @@ def gemv_mmh_ref(x: np.ndarray, w_raw: np.ndarray, n_out: int, kind: str = DEFAU
     reference; "fold": rounded as fold_weights) against x rounded to bf16."""
     from tightfit.quant import dequantize
     k = x.shape[1]
-    if kind == "fold":
+    if kind.startswith("fold"):
         w = fold_weights(w_raw, n_out, k)
     else:
         w = dequantize(np.asarray(w_raw, dtype=np.uint8).reshape(-1), 23, (n_out, k))

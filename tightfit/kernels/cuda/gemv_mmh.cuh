@@ -292,8 +292,10 @@ TF_DEV uint32_t tf_mmh2_scale(uint32_t u, int s, float d) {
 }
 
 #if TF_DEVICE
-template <int RT>
-__global__ void __launch_bounds__(TF_MMH_THREADS, TF_MMH_MINB)
+// XP: x arrives packed (tf_mmh_xpack layout: per column and group of 32, 16 words (x[i], x[i+16])
+// as bf16x2), read as two 16-byte loads per segment (the quad reads one 128-byte line).
+template <int RT, int XP, int MB = TF_MMH_MINB>
+__global__ void __launch_bounds__(TF_MMH_THREADS, MB)
 tf_mmh2_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
             int n_out, int K, int ncols, int* cnt, float* part) {
   tf_mmh_fill_iq4(tf_mmh_lut);
@@ -311,7 +313,9 @@ tf_mmh2_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* _
   tf_mma_warp_range(items, it, iend);
   const bool xon = g < ncols;
   const bool odd = (t >> 1) != 0;                 // the lane's groups are the odd ones
-  const float* __restrict__ xc = x + (uint64_t)(xon ? g : 0) * K + 32 * (t >> 1) + 8 * (t & 1);
+  // fp32: element offset of the lane's e_0 in its segment; packed: word offset (K / 2 words a column)
+  const float* __restrict__ xc = XP ? x + (uint64_t)(xon ? g : 0) * (K / 2) + 16 * (t >> 1) + 8 * (t & 1)
+                                    : x + (uint64_t)(xon ? g : 0) * K + 32 * (t >> 1) + 8 * (t & 1);
   while (it < iend) {                                        // warp-uniform
     const int tg = it / spt, s0 = it - tg * spt;
     const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
@@ -345,11 +349,15 @@ tf_mmh2_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* _
         us[i] = odd ? uo : ue;
         dd[i] = tf_h2f((uint16_t)h[i][0]);
       }
-      const float* __restrict__ xb = xc + b * 256;
+      const float* __restrict__ xb = xc + b * (XP ? 128 : 256);
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         uint32_t bx[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};   // byte m: (x[e_m], x[e_m + 16])
-        if (xon) {
+        if (XP && xon) {
+          const uint4 p0 = *(const uint4*)(xb + 32 * s), p1 = *(const uint4*)(xb + 32 * s + 4);
+          bx[0] = p0.x; bx[1] = p0.y; bx[2] = p0.z; bx[3] = p0.w;
+          bx[4] = p1.x; bx[5] = p1.y; bx[6] = p1.z; bx[7] = p1.w;
+        } else if (xon) {
           const float4 v0 = *(const float4*)(xb + 64 * s), v1 = *(const float4*)(xb + 64 * s + 4);
           const float4 v2 = *(const float4*)(xb + 64 * s + 16), v3 = *(const float4*)(xb + 64 * s + 20);
           bx[0] = tf_mmh_pack(v0.x, v2.x); bx[1] = tf_mmh_pack(v0.y, v2.y);
