@@ -127,3 +127,37 @@ def test_quant_out_checks():
                       quant_out=_bufs(1, 64), quant_layout=7)
     with pytest.raises(ValueError, match="do not match"):
         N.swiglu(x, x, torch.empty_like(x), quant_out=_bufs(1, 32))
+
+
+def _pairs_oracle(out, rows, k):
+    """bf16 of the output (torch's round to nearest even), element 32b + i at half 2i of block b
+    and element 32b + 16 + i at half 2i + 1 (i < 16): the pair words gemv_mmh's "foldp" reads."""
+    y = out.reshape(rows, k // 32, 32).cpu().to(torch.bfloat16)
+    pk = torch.empty_like(y)
+    pk[:, :, 0::2] = y[:, :, :16]
+    pk[:, :, 1::2] = y[:, :, 16:]
+    return pk.reshape(rows, k)
+
+
+@pytest.mark.parametrize("rows,n,delta", [(1, 5120, True), (5, 5120, True), (2, 64, False)])
+def test_add_rmsnorm_packed_pairs(rows, n, delta):
+    """quant_layout=PACK_LAYOUT: the float output as before, and its bf16 pairs instead of int8."""
+    g = torch.Generator().manual_seed(3 * n + rows)
+    x = _rand((rows, n), g, 3.0)
+    dl = _rand((rows, n), g) if delta else None
+    w = torch.randn(n, generator=g).to(DEV)
+    x_u, x_f = x.clone(), x.clone()
+    o_u, o_f = torch.empty_like(x), torch.empty_like(x)
+    N.add_rmsnorm(x_u, dl, w, 1e-6, o_u)
+    pk = torch.full((rows, n), 77.0, dtype=torch.bfloat16, device=DEV)
+    N.add_rmsnorm(x_f, dl, w, 1e-6, o_f, quant_out=(pk,), quant_layout=N.PACK_LAYOUT)
+    assert torch.equal(x_f.cpu(), x_u.cpu()) and torch.equal(o_f.cpu(), o_u.cpu())
+    want = _pairs_oracle(o_u, rows, n)
+    assert torch.equal(pk.cpu(), want)
+    ref = torch.zeros_like(pk)
+    N.add_rmsnorm_ref(x.clone(), dl, w, 1e-6, torch.empty_like(x), quant_out=(ref,),
+                      quant_layout=N.PACK_LAYOUT)
+    assert (ref.cpu().float() - want.float()).abs().max() <= 2 ** -7 * want.float().abs().max()
+    with pytest.raises(ValueError, match="bf16 buffer"):
+        N.add_rmsnorm(x.clone(), dl, w, 1e-6, torch.empty_like(x),
+                      quant_out=(torch.empty(rows, n, device=DEV),), quant_layout=N.PACK_LAYOUT)

@@ -24,6 +24,10 @@ PDL (tightfit.kernels.pdl, TIGHTFIT_PDL=1): every kernel here takes `PDL: tl.con
 the kernel waits (griddepcontrol.wait) before its first load and, its grid being one wave at the
 decode shapes (1 row, 17 or 48 programs), lets the next kernel launch right after the wait.
 
+Packed output (`quant_layout=PACK_LAYOUT`, `quant_out=(pk,)`, pk bf16 of the output's size):
+instead of int8, the output rounded to bf16 in pairs (x[i], x[i + 16]) per 32-block, the operand
+of gemv_mmh's kind "foldp" (gemv_mmh.xpack is its reference).
+
 Sums of squares are fp32 (the reference accumulates in float64; for rows of <= 17408 values
 the difference is ~1e-7 relative).
 """
@@ -44,6 +48,14 @@ def _quant_tile(y, b, bm, q_ptr, qd_ptr, qs_ptr, inv_ptr, LAYOUT: tl.constexpr):
     """y [R, 32] fp32: the elements of global 32-blocks b (rows where bm is False are skipped).
     Writes q (layout order), d and the two 16-sums per block like quantize_act._quant_kernel."""
     e = tl.arange(0, 32)
+    if LAYOUT == 300:      # PACK_LAYOUT: bf16 pairs (x[i], x[i + 16]) per 32-block, no int8
+        # round to nearest even by hand (q_ptr is the buffer as int16): Triton's interpreter
+        # truncates in .to(tl.bfloat16), and the CPU tests must see the device's rounding
+        u = y.to(tl.uint32, bitcast=True)
+        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        tl.store(q_ptr + b[:, None] * 32 + (2 * (e % 16) + e // 16)[None, :],
+                 r.to(tl.int32).to(tl.int16), mask=bm[:, None])
+        return
     amax = tl.max(tl.abs(y), axis=1)
     d = amax / 127.0
     inv_d = tl.where(amax > 0, 127.0 / amax, 0.0)
@@ -62,13 +74,23 @@ def _quant_tile(y, b, bm, q_ptr, qd_ptr, qs_ptr, inv_ptr, LAYOUT: tl.constexpr):
     tl.store(qs_ptr + b * 2 + 1, hi, mask=bm)
 
 
+PACK_LAYOUT = 300   # quant_out=(pk,): x as bf16 pairs for gemv_mmh kind "foldp" (its xpack)
+
+
 def _quant_args(quant_out, quant_layout: int, out: torch.Tensor, k: int):
     """Kernel arguments (q, d, s16, inv table, QUANT, LAYOUT) for an optional quant_out."""
     if quant_out is None:
         return out, out, out, out, False, 0
     from tightfit.kernels.quantize_act import LAYOUTS, _inv_layouts
-    q, qd, qs = quant_out
     lay = int(quant_layout)
+    if lay == PACK_LAYOUT:
+        pk = quant_out[0]
+        if k % 32:
+            raise ValueError(f"quant_out: rows of {k} values are not whole 32-blocks")
+        if pk.dtype != torch.bfloat16 or pk.numel() != out.numel() or not pk.is_contiguous():
+            raise ValueError("quant_out (packed): a contiguous bf16 buffer of the output's size")
+        return pk.view(torch.int16), out, out, out, True, lay
+    q, qd, qs = quant_out
     if not 0 <= lay < len(LAYOUTS):
         raise ValueError(f"quant_out: unknown activation layout {quant_layout}")
     if k % 32:
@@ -85,6 +107,11 @@ def _quant_args(quant_out, quant_layout: int, out: torch.Tensor, k: int):
 def _quant_ref(out: torch.Tensor, quant_out, quant_layout: int, k: int) -> None:
     """The unfused second half: quantize_act of the float output into quant_out."""
     if quant_out is None:
+        return
+    if int(quant_layout) == PACK_LAYOUT:   # gemv_mmh.xpack's layout, as bf16 halves
+        from tightfit.kernels.gemv_mmh import xpack
+        rows = out.numel() // k
+        quant_out[0].view(torch.int32).view(-1).copy_(xpack(out.reshape(rows, k).float()).view(-1))
         return
     from tightfit.kernels.quantize_act import QuantAct, quantize_act
     q, qd, qs = quant_out

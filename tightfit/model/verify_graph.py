@@ -113,6 +113,7 @@ def verify_buffers(cfg: Any, m: int, ctx: int, chunk: int,
     n_rec = max(1, len(cfg.recurrent_ids))
     b = [Buf("v_ids", (m,), "i64"), Buf("v_status", (4,), "i32")]
     b += [Buf(f"v_{n}", (m, E)) for n in ("x", "xn", "mix", "ffo")]
+    b.append(Buf("v_xpk", (m, E // 2), "i32"))     # the FFN input as bf16 pairs (_ffn_packed)
     b += [Buf("v_y", (m, cfg.conv_dim)), Buf("v_zg", (m, cfg.value_dim)), Buf("v_o", (m, Hv, S)),
           Buf("v_on", (m, cfg.value_dim)), Buf("v_alpha", (m, Hv)), Buf("v_beta", (m, Hv)),
           Buf("v_qg", (m, 2 * H * D)), Buf("v_kk", (m, cfg.kv_dim)), Buf("v_vv", (m, cfg.kv_dim)),
@@ -275,6 +276,23 @@ class VerifyGraph:
                 return lay
         return None
 
+    def _ffn_packed(self, M: int, names) -> bool:
+        """Whether gate and up take gemv_mmh's kind "foldp": both routed to gemv_mmh (IQ4_XS, wide,
+        4..8 columns), the norm a Triton kernel that writes their shared input as bf16 pairs
+        (norm.PACK_LAYOUT) instead of an int8 copy. Measured on the H200 (session 18, bench/mmh.py):
+        5120 -> 17408 at N = 5 26.8 us against 29.7 for the fp32-x "table" kind.
+        TIGHTFIT_MMH_PACK=0 (or TIGHTFIT_FUSE_QUANT=0) keeps the table kind."""
+        if os.environ.get("TIGHTFIT_MMH_PACK", "1").strip().lower() in ("0", "off", "no", "false"):
+            return False
+        if not getattr(self.m, "fuse_quant", False) or not self.m.use_triton or self.c.n_embd % 32:
+            return False
+        from tightfit.kernels.gemv_route import mmh_routed
+        for n in names:
+            L = self.m.lin.get(n)
+            if L is None or L.kind != "quant" or not mmh_routed(L.qtype, M, L.raw, L.n_in * L.n_out):
+                return False
+        return True
+
     def _lin(self, x: torch.Tensor, inp: str, M: int, pairs) -> None:
         acts: dict = {}
         for name, out in pairs:
@@ -354,9 +372,18 @@ class VerifyGraph:
             else:
                 self._attention(il, st, B, M, mode)
             ffn = [p + "ffn_gate.weight", p + "ffn_up.weight"]
-            self._produce(m.op_norm, (B.x, B.mix, v[p + "post_attention_norm.weight"], eps, B.xn),
-                          B.xn, "xn", M, ffn)
-            self._lin(B.xn, "xn", M, [(ffn[0], B.g), (ffn[1], B.up)])
+            if self._ffn_packed(M, ffn):
+                from tightfit.kernels.gemv_mmh import gemv_mmh
+                from tightfit.kernels.norm import PACK_LAYOUT
+                m.op_norm(B.x, B.mix, v[p + "post_attention_norm.weight"], eps, B.xn,
+                          quant_out=(B.xpk.view(torch.bfloat16),), quant_layout=PACK_LAYOUT)
+                for name, out in ((ffn[0], B.g), (ffn[1], B.up)):
+                    L = m.lin[name]
+                    gemv_mmh(B.xpk, L.raw, L.qtype, L.n_out, out, kind="foldp")
+            else:
+                self._produce(m.op_norm, (B.x, B.mix, v[p + "post_attention_norm.weight"], eps,
+                                          B.xn), B.xn, "xn", M, ffn)
+                self._lin(B.xn, "xn", M, [(ffn[0], B.g), (ffn[1], B.up)])
             self._produce(m.op_swiglu, (B.g, B.up, B.h), B.h, "h", M, [p + "ffn_down.weight"])
             self._lin(B.h, "h", M, [(p + "ffn_down.weight", B.ffo)])
         self._produce(m.op_norm, (B.x, B.ffo, v["output_norm.weight"], eps, B.xn), B.xn, "xn", M,
