@@ -46,32 +46,33 @@ from tightfit.kernels import pdl
 @triton.jit
 def _quant_tile(y, b, bm, q_ptr, qd_ptr, qs_ptr, inv_ptr, LAYOUT: tl.constexpr):
     """y [R, 32] fp32: the elements of global 32-blocks b (rows where bm is False are skipped).
-    Writes q (layout order), d and the two 16-sums per block like quantize_act._quant_kernel."""
+    Writes q (layout order), d and the two 16-sums per block like quantize_act._quant_kernel;
+    with LAYOUT = PACK_LAYOUT (300) the bf16 pairs instead (q_ptr: the buffer as int16)."""
     e = tl.arange(0, 32)
-    if LAYOUT == 300:      # PACK_LAYOUT: bf16 pairs (x[i], x[i + 16]) per 32-block, no int8
-        # round to nearest even by hand (q_ptr is the buffer as int16): Triton's interpreter
-        # truncates in .to(tl.bfloat16), and the CPU tests must see the device's rounding
+    if LAYOUT == 300:      # bf16 pairs (x[i], x[i + 16]) per 32-block, no int8
+        # round to nearest even by hand: Triton's interpreter truncates in .to(tl.bfloat16), and
+        # the CPU tests must see the device's rounding
         u = y.to(tl.uint32, bitcast=True)
         r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
         tl.store(q_ptr + b[:, None] * 32 + (2 * (e % 16) + e // 16)[None, :],
                  r.to(tl.int32).to(tl.int16), mask=bm[:, None])
-        return
-    amax = tl.max(tl.abs(y), axis=1)
-    d = amax / 127.0
-    inv_d = tl.where(amax > 0, 127.0 / amax, 0.0)
-    v = y * inv_d[:, None]
-    q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(-v + 0.5))
-    q = tl.minimum(tl.maximum(q, -127.0), 127.0).to(tl.int32)
-    if LAYOUT == 0:
-        pos = e
     else:
-        pos = tl.load(inv_ptr + LAYOUT * 32 + e)
-    tl.store(q_ptr + b[:, None] * 32 + pos[None, :], q.to(tl.int8), mask=bm[:, None])
-    tl.store(qd_ptr + b, d, mask=bm)
-    lo = tl.sum(tl.where(e[None, :] < 16, q, 0), axis=1)
-    hi = tl.sum(tl.where(e[None, :] >= 16, q, 0), axis=1)
-    tl.store(qs_ptr + b * 2, lo, mask=bm)
-    tl.store(qs_ptr + b * 2 + 1, hi, mask=bm)
+        amax = tl.max(tl.abs(y), axis=1)
+        d = amax / 127.0
+        inv_d = tl.where(amax > 0, 127.0 / amax, 0.0)
+        v = y * inv_d[:, None]
+        q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(-v + 0.5))
+        q = tl.minimum(tl.maximum(q, -127.0), 127.0).to(tl.int32)
+        if LAYOUT == 0:
+            pos = e
+        else:
+            pos = tl.load(inv_ptr + LAYOUT * 32 + e)
+        tl.store(q_ptr + b[:, None] * 32 + pos[None, :], q.to(tl.int8), mask=bm[:, None])
+        tl.store(qd_ptr + b, d, mask=bm)
+        lo = tl.sum(tl.where(e[None, :] < 16, q, 0), axis=1)
+        hi = tl.sum(tl.where(e[None, :] >= 16, q, 0), axis=1)
+        tl.store(qs_ptr + b * 2, lo, mask=bm)
+        tl.store(qs_ptr + b * 2 + 1, hi, mask=bm)
 
 
 PACK_LAYOUT = 300   # quant_out=(pk,): x as bf16 pairs for gemv_mmh kind "foldp" (its xpack)
