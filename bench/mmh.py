@@ -50,7 +50,8 @@ def check(n_in, n_out, ns, gen, rows=96):
         wr = w.view(n_out, -1)[torch.as_tensor(pick, device="cuda")].cpu().numpy()
         for n in ns:
           for kw in ({"rt": 1}, {"rt": 2}, {"rt": 1, "kind": "fold"}, {"rt": 2, "kind": "fold"},
-                     {"rt": 1, "kind": "foldp"}, {"rt": 2, "kind": "foldp"}, {"rt": 1, "kind": "foldp3"}):
+                     {"rt": 1, "kind": "foldp"}, {"rt": 2, "kind": "foldp"}, {"rt": 1, "kind": "foldp3"},
+                     {"rt": 1, "kind": "foldp_nb2"}, {"rt": 2, "kind": "foldp_nb2"}):
             x = torch.randn(n, n_in, device="cuda")
             xk = gemv_mmh.xpack(x) if kw.get("kind", "").startswith("foldp") else x
             out = torch.empty(n, n_out, device="cuda")
@@ -88,6 +89,9 @@ def timeit(n_in, n_out, ns, gen, min_bytes=1.5e9):
             impls[f"foldp_rt{rt}"] = (lambda rt: lambda w, o: gemv_mmh.gemv_mmh(
                 xp, w, IQ4_XS, n_out, o, rt=rt, kind="foldp"))(rt)
         impls["foldp3_rt1"] = lambda w, o: gemv_mmh.gemv_mmh(xp, w, IQ4_XS, n_out, o, rt=1, kind="foldp3")
+        for rt in RTS:
+            impls[f"foldp_nb2_rt{rt}"] = (lambda rt: lambda w, o: gemv_mmh.gemv_mmh(
+                xp, w, IQ4_XS, n_out, o, rt=rt, kind="foldp_nb2"))(rt)
         for name, fn in impls.items():
             if name == "mma" and n not in (1, 5, 8):
                 continue
@@ -152,7 +156,7 @@ def main():
                   f"{'' if cu is None else f'{cu:.1f}'} | {'' if mm is None else f'{mm:.1f}'} | "
                   f"{'' if c1 is None else f'{u / c1:.2f}'} |")
     names = ([f"mmh_rt{rt}" for rt in RTS] + [f"fold_rt{rt}" for rt in RTS]
-             + [f"foldp_rt{rt}" for rt in RTS] + ["foldp3_rt1"])
+             + [f"foldp_rt{rt}" for rt in RTS] + ["foldp3_rt1"] + [f"foldp_nb2_rt{rt}" for rt in RTS])
     print("| shape | N | " + " | ".join(names) + " | cu N=1 |")
     for k, m in shapes:
         for n in ns:

@@ -102,6 +102,7 @@ def main() -> int:
           f"{res['tokens']} tokens in {gen_s:.1f} s; load {load_s:.1f} s")
     if a.where:
         _where(torch, int(plan.arena_bytes))
+        _live_at_peak(torch, int(plan.arena_bytes))
     return 0 if res["peak_reserved"] <= res["limit"] else 1
 
 
@@ -126,6 +127,43 @@ def _where(torch, arena_bytes: int) -> None:
     print(f"outside the arena: {total / 2**20:.1f} MiB in {len(groups)} places")
     for (state, where), n in sorted(groups.items(), key=lambda kv: -kv[1])[:25]:
         print(f"  {n / 2**20:8.1f} MiB  {state:14s} {where}")
+
+
+def _site(frames) -> str:
+    where = next((f"{f['filename'].split('tightfit/')[-1]}:{f['line']} {f['name']}"
+                  for f in frames if "tightfit" in f["filename"]), None)
+    if where is None:
+        where = f"{frames[0]['filename'].split('/')[-1]}:{frames[0]['line']}" if frames else "(no stack)"
+    return where
+
+
+def _live_at_peak(torch, arena_bytes: int) -> None:
+    """Replays the allocator's trace (alloc / free events with their stacks) over the blocks
+    outside the arena and prints what was live, by allocation site, at the moment their sum
+    peaked: which tensors (not only which cached blocks) stood beside the plan's arena."""
+    snap = torch.cuda.memory._snapshot()
+    arena = [(s["address"], s["address"] + s["total_size"]) for s in snap["segments"]
+             if s["total_size"] >= arena_bytes]
+    live: dict[int, tuple[int, str]] = {}
+    total = peak = 0
+    at_peak: dict[str, int] = {}
+    for ev in (snap.get("device_traces") or [[]])[0]:
+        addr, size = int(ev.get("addr", 0)), int(ev.get("size", 0))
+        if any(lo <= addr < hi for lo, hi in arena):
+            continue
+        if ev["action"] == "alloc":
+            live[addr] = (size, _site(ev.get("frames") or []))
+            total += size
+            if total > peak:
+                peak = total
+                at_peak = {}
+                for sz, site in live.values():
+                    at_peak[site] = at_peak.get(site, 0) + sz
+        elif ev["action"] in ("free_requested", "free_completed") and addr in live:
+            total -= live.pop(addr)[0]
+    print(f"outside the arena, live at the trace's peak: {peak / 2**20:.1f} MiB")
+    for site, n in sorted(at_peak.items(), key=lambda kv: -kv[1])[:20]:
+        print(f"  {n / 2**20:8.1f} MiB  {site}")
 
 
 if __name__ == "__main__":

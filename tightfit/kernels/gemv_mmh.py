@@ -37,7 +37,8 @@ DEFAULT_RT = 1
 # 8-byte weight loads, one accumulation per row). gemv_mmh.cuh says why each exists.
 KINDS = {"table": "tf_mmh_iq4<{rt}>", "fold": "tf_mmh2_iq4<{rt}, 0>",
          "foldp": "tf_mmh2_iq4<{rt}, 1>",    # foldp: x given packed (xpack)
-         "foldp3": "tf_mmh2_iq4<{rt}, 1, 3>"}   # foldp at 3 CTAs per SM (85 registers)
+         "foldp3": "tf_mmh2_iq4<{rt}, 1, 3>",   # foldp at 3 CTAs per SM (85 registers)
+         "foldp_nb2": "tf_mmh2_iq4<{rt}, 1, 2, 2>"}   # foldp with the next block's loads in flight
 _CTAS_PER_SM = {"foldp3": 3}
 DEFAULT_KIND = "table"
 MAX_N = 8

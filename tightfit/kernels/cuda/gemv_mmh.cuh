@@ -292,9 +292,21 @@ TF_DEV uint32_t tf_mmh2_scale(uint32_t u, int s, float d) {
 }
 
 #if TF_DEVICE
+template <int RT>
+TF_DEV void tf_mmh2_load(const uint8_t* const __restrict__ (&wr)[2 * RT], int b, int t,
+                         uint32_t (&h)[2 * RT][2], uint32_t (&q)[2 * RT][8]) {
+#pragma unroll
+  for (int i = 0; i < 2 * RT; ++i) {
+    const uint8_t* blk = wr[i] + (uint64_t)b * 136;
+    tf_mma_ld8(blk, h[i][0], h[i][1]);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) tf_mma_ld8(blk + 8 + 32 * s + 8 * t, q[i][2 * s], q[i][2 * s + 1]);
+  }
+}
+
 // XP: x arrives packed (tf_mmh_xpack layout: per column and group of 32, 16 words (x[i], x[i+16])
 // as bf16x2), read as two 16-byte loads per segment (the quad reads one 128-byte line).
-template <int RT, int XP, int MB = TF_MMH_MINB>
+template <int RT, int XP, int MB = TF_MMH_MINB, int NB = 1>
 __global__ void __launch_bounds__(TF_MMH_THREADS, MB)
 tf_mmh2_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
             int n_out, int K, int ncols, int* cnt, float* part) {
@@ -331,14 +343,21 @@ tf_mmh2_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* _
     for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[rt][0][i] = 0.f;
+    // NB = 2: block b + 1's words are loaded before block b is decoded (one block in flight)
+    uint32_t hn[2 * RT][2], qn[2 * RT][8];
+    if (NB == 2) tf_mmh2_load<RT>(wr, s0, t, hn, qn);
     for (int b = s0; b < s1; ++b) {
       uint32_t h[2 * RT][2], q[2 * RT][8];
+      if (NB == 2) {
 #pragma unroll
-      for (int i = 0; i < 2 * RT; ++i) {
-        const uint8_t* blk = wr[i] + (uint64_t)b * BB;
-        tf_mma_ld8(blk, h[i][0], h[i][1]);
+        for (int i = 0; i < 2 * RT; ++i) {
+          h[i][0] = hn[i][0]; h[i][1] = hn[i][1];
 #pragma unroll
-        for (int s = 0; s < 4; ++s) tf_mma_ld8(blk + 8 + 32 * s + 8 * t, q[i][2 * s], q[i][2 * s + 1]);
+          for (int j = 0; j < 8; ++j) q[i][j] = qn[i][j];
+        }
+        if (b + 1 < s1) tf_mmh2_load<RT>(wr, b + 1, t, hn, qn);
+      } else {
+        tf_mmh2_load<RT>(wr, b, t, h, q);
       }
       float dd[2 * RT];
       uint32_t us[2 * RT];
