@@ -164,6 +164,18 @@ def _live_at_peak(torch, arena_bytes: int) -> None:
     print(f"outside the arena, live at the trace's peak: {peak / 2**20:.1f} MiB")
     for site, n in sorted(at_peak.items(), key=lambda kv: -kv[1])[:20]:
         print(f"  {n / 2**20:8.1f} MiB  {site}")
+    # every segment torch reserved beside the arena, in order, with the allocation that made it
+    # (the reserved peak is the sum of these, less the segments given back)
+    segs = [ev for ev in (snap.get("device_traces") or [[]])[0]
+            if ev["action"] in ("segment_alloc", "segment_free")
+            and int(ev.get("size", 0)) < arena_bytes]
+    held = 0
+    print(f"segments beside the arena: {len(segs)} events")
+    for i, ev in enumerate(segs):
+        held += int(ev["size"]) * (1 if ev["action"] == "segment_alloc" else -1)
+        if i < 40 or i >= len(segs) - 10:
+            print(f"  #{i:3d} {ev['action'][8:]:5s} {int(ev['size']) / 2**20:8.1f} MiB  held "
+                  f"{held / 2**20:8.1f}  {_site(ev.get('frames') or [])}")
 
 
 if __name__ == "__main__":
