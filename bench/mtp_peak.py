@@ -164,19 +164,30 @@ def _live_at_peak(torch, arena_bytes: int) -> None:
     print(f"outside the arena, live at the trace's peak: {peak / 2**20:.1f} MiB")
     for site, n in sorted(at_peak.items(), key=lambda kv: -kv[1])[:20]:
         print(f"  {n / 2**20:8.1f} MiB  {site}")
-    # every segment torch reserved beside the arena, in order, with the allocation that made it
-    # (the reserved peak is the sum of these, less the segments given back)
-    segs = [ev for ev in (snap.get("device_traces") or [[]])[0]
-            if ev["action"] in ("segment_alloc", "segment_free")
-            and int(ev.get("size", 0)) < arena_bytes]
-    held = 0
-    print(f"segments beside the arena: {len(segs)} events")
-    for i, ev in enumerate(segs):
-        held += int(ev["size"]) * (1 if ev["action"] == "segment_alloc" else -1)
-        if i < 40 or i >= len(segs) - 10:
-            print(f"  #{i:3d} {ev['action'][8:]:5s} {int(ev['size']) / 2**20:8.1f} MiB  held "
-                  f"{held / 2**20:8.1f}  {_site(ev.get('frames') or [])}")
-
+    # the allocations made under the speculative loop (a frame in runtime/spec or verify_graph),
+    # by site: count, largest, and bytes still live at the end of the trace
+    sites: dict[str, list] = {}
+    live_end: dict[int, tuple[int, str]] = {}
+    for ev in (snap.get("device_traces") or [[]])[0]:
+        addr, size = int(ev.get("addr", 0)), int(ev.get("size", 0))
+        if any(lo <= addr < hi for lo, hi in arena):
+            continue
+        frames = ev.get("frames") or []
+        if ev["action"] == "alloc" and any("runtime/spec" in f["filename"] or "verify_graph" in
+                                           f["filename"] for f in frames):
+            site = _site(frames)
+            v = sites.setdefault(site, [0, 0, 0])
+            v[0] += 1
+            v[1] = max(v[1], size)
+            v[2] += size
+            live_end[addr] = (size, site)
+        elif ev["action"] in ("free_requested", "free_completed"):
+            live_end.pop(addr, None)
+    print(f"allocations under the speculative loop: {sum(v[0] for v in sites.values())} in "
+          f"{len(sites)} places (count, largest, total MiB)")
+    for site, (n, mx, tot) in sorted(sites.items(), key=lambda kv: -kv[1][1])[:25]:
+        print(f"  {n:6d} {mx / 2**20:8.2f} {tot / 2**20:10.1f}  {site}")
+    print(f"  of which live at the end: {sum(v[0] for v in live_end.values()) / 2**20:.1f} MiB")
 
 if __name__ == "__main__":
     sys.exit(main())
