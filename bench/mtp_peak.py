@@ -35,8 +35,13 @@ def main() -> int:
     ap.add_argument("--where", action="store_true",
                     help="record allocation stacks; print where the memory outside the arena was "
                          "allocated (live and cached blocks by their first tightfit frame)")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="the plan's verify block (PlanOptions.batch); default 5 (4 drafts + 1, as "
+                         "serve --spec plans --draft-max + 1) with a drafter, 1 for plain; 1 with a "
+                         "drafter measures the eager verify blocks of a plan without a verify region")
     a = ap.parse_args()
     mtp = a.mode == "mtp"
+    batch = a.batch if a.batch is not None else (1 if a.mode == "plain" else 5)
     from tightfit.model.generate import make_model
     from tightfit.model.placed import plan_for
     from tightfit.plan.budget import parse_size
@@ -53,7 +58,7 @@ def main() -> int:
     torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total_dev))
     if a.where:
         torch.cuda.memory._record_memory_history(max_entries=200000)
-    plan = plan_for(a.path, a.ctx, budget, mtp=mtp)
+    plan = plan_for(a.path, a.ctx, budget, mtp=mtp, batch=batch)
     lines = {l.key: l.bytes for l in plan.lines}
     t = time.time()
     eng = load_engine(a.path, device="cuda", n_ctx=a.ctx, plan=plan, mtp=mtp)
@@ -72,7 +77,7 @@ def main() -> int:
     torch.cuda.synchronize()
     g = head.step_graph() if head is not None else None
     res = {
-        "mode": a.mode, "vram": budget, "ctx": a.ctx, "lines": lines, "plan_total": plan.total_bytes,
+        "mode": a.mode, "batch": batch, "vram": budget, "ctx": a.ctx, "lines": lines, "plan_total": plan.total_bytes,
         "reserve": lines.get("reserve", 0), "arena": plan.arena_bytes,
         "peak_reserved": torch.cuda.max_memory_reserved(),
         "peak_allocated": torch.cuda.max_memory_allocated(),
