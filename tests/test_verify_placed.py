@@ -103,6 +103,33 @@ def test_the_block_verifier_drafts_within_the_plan(tiny):
         mf.close()
 
 
+def test_speculation_on_a_plan_without_a_verify_region_warns(tiny):
+    """Without the region a placed model's blocks run eagerly: slower than plain decoding and
+    beside the plan's memory (session 18: the placed 27B 0.6x, +36 MiB over total - reserve).
+    The user is told how to plan it; with the region there is nothing to say."""
+    import warnings
+    from types import SimpleNamespace
+    from tightfit.model.verify_graph import unplanned_verify
+    from tightfit.runtime.spec import SpecConfig, SpeculativeEngine
+    for batch, warns in ((1, True), (4, False)):
+        mf, exe = _exe(tiny, _plan(tiny, batch))
+        try:
+            assert unplanned_verify(exe) is warns
+            eng = SimpleNamespace(model=exe, config=mf.config, file=mf)
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                SpeculativeEngine(eng, SpecConfig(drafters=("ngram",)))
+            msgs = [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]
+            assert any("no verify region" in m and "batch" in m for m in msgs) is warns, msgs
+        finally:
+            mf.close()
+    mf, exe = _exe(tiny, None)                 # not placed: its blocks are torch's, no plan
+    try:
+        assert not unplanned_verify(exe)
+    finally:
+        mf.close()
+
+
 def test_speculation_never_moves_weights_to_the_host(tiny):
     """A budget that holds the model whole but not the captured block beside it: the plan keeps
     every weight on the GPU and prices a smaller block (9 -> 5 -> 3 tokens), or none."""

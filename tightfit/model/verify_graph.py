@@ -157,6 +157,16 @@ def planned_tokens(model: Any) -> int:
     return min(int(placed.plan.options.batch), MAX_M)
 
 
+def unplanned_verify(model: Any) -> bool:
+    """A placed model without host rows whose plan priced no verify region: its speculative
+    blocks can only run eagerly, slower than plain decoding (the placed 27B: 96 tokens in 13.2 s
+    against 8.1 plain, session 18) and with tensors beside the plan (+36 MiB over total -
+    reserve). Planned with batch = draft + 1 (serve --spec does), the captured block runs in the
+    plan's region (4.5 s, 18 MiB under). Host-row placements never take the captured block."""
+    return (getattr(model, "placed", None) is not None and not getattr(model, "hostw", None)
+            and not planned_tokens(model))
+
+
 def planned_region(model: Any) -> torch.Tensor | None:
     """The plan's verify region (arena bytes) of a placed model, else None."""
     if not planned_tokens(model):

@@ -113,6 +113,14 @@ class SpeculativeEngine:
         self.engine = engine
         self.spec = config or SpecConfig()
         self.verifier = make_verifier(engine.model, self.spec.verifier)
+        from tightfit.model.verify_graph import unplanned_verify
+        if unplanned_verify(engine.model):
+            import warnings
+            warnings.warn("this model's plan has no verify region, so speculative blocks run "
+                          "eagerly: slower than plain decoding and beside the plan's memory. Plan "
+                          "with batch = most drafted tokens + 1 (plan_for(..., batch=...), "
+                          "load_engine(..., batch=...); serve --spec does it)", RuntimeWarning,
+                          stacklevel=2)
         self.policy = policy or Policy(adaptive=self.spec.adaptive)
         self.mtp_head = mtp_head
         self.extra_drafters = dict(extra_drafters or {})
