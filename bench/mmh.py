@@ -8,7 +8,8 @@ Correctness: sampled rows against gemv_mmh_ref (tightfit.quant's dequantization,
 rounded to bf16), with normal (1e-3..1e-2) and fp16-subnormal (3e-6..5e-5) block scales.
 Timing: S weight sets (S * bytes > 1.5 GB, far past the 60 MB L2) replayed from one CUDA graph, µs
 per matrix; gemv_cuda / gemv_mma get pre-quantized activations (in the model the quantization is
-fused into the producer), gemv_mmh reads fp32 x. Copy bandwidth measured in the same run.
+fused into the producer), gemv_mmh "table" reads fp32 x, "foldp" x packed by xpack (in the model
+the norm writes it). Copy bandwidth measured in the same run.
 Prints a table last; JSON lines in OUT/mmh.jsonl.
 """
 from __future__ import annotations
@@ -49,11 +50,9 @@ def check(n_in, n_out, ns, gen, rows=96):
             0, n_out, rows), [n_out - 1]]))
         wr = w.view(n_out, -1)[torch.as_tensor(pick, device="cuda")].cpu().numpy()
         for n in ns:
-          for kw in ({"rt": 1}, {"rt": 2}, {"rt": 1, "kind": "fold"}, {"rt": 2, "kind": "fold"},
-                     {"rt": 1, "kind": "foldp"}, {"rt": 2, "kind": "foldp"}, {"rt": 1, "kind": "foldp3"},
-                     {"rt": 1, "kind": "foldp_nb2"}, {"rt": 2, "kind": "foldp_nb2"}):
+          for kw in ({"rt": 1}, {"rt": 2}, {"rt": 1, "kind": "foldp"}, {"rt": 2, "kind": "foldp"}):
             x = torch.randn(n, n_in, device="cuda")
-            xk = gemv_mmh.xpack(x) if kw.get("kind", "").startswith("foldp") else x
+            xk = gemv_mmh.xpack(x) if kw.get("kind") == "foldp" else x
             out = torch.empty(n, n_out, device="cuda")
             y = gemv_mmh.gemv_mmh(xk, w, IQ4_XS, n_out, out, **kw).cpu().numpy()[:, pick]
             ref = gemv_mmh.gemv_mmh_ref(x.cpu().numpy(), wr, len(pick), kw.get("kind", "table"))
@@ -84,14 +83,8 @@ def timeit(n_in, n_out, ns, gen, min_bytes=1.5e9):
                     x, w, IQ4_XS, n_out, o, rt=rt, kind="table"))(rt)
         xp = gemv_mmh.xpack(x)
         for rt in RTS:
-            impls[f"fold_rt{rt}"] = (lambda rt: lambda w, o: gemv_mmh.gemv_mmh(
-                x, w, IQ4_XS, n_out, o, rt=rt, kind="fold"))(rt)
             impls[f"foldp_rt{rt}"] = (lambda rt: lambda w, o: gemv_mmh.gemv_mmh(
                 xp, w, IQ4_XS, n_out, o, rt=rt, kind="foldp"))(rt)
-        impls["foldp3_rt1"] = lambda w, o: gemv_mmh.gemv_mmh(xp, w, IQ4_XS, n_out, o, rt=1, kind="foldp3")
-        for rt in RTS:
-            impls[f"foldp_nb2_rt{rt}"] = (lambda rt: lambda w, o: gemv_mmh.gemv_mmh(
-                xp, w, IQ4_XS, n_out, o, rt=rt, kind="foldp_nb2"))(rt)
         for name, fn in impls.items():
             if name == "mma" and n not in (1, 5, 8):
                 continue
@@ -155,8 +148,7 @@ def main():
             print(f"| {k}→{m} | {n} | {u:.1f} | {100 * gbs / bw:.0f} % | "
                   f"{'' if cu is None else f'{cu:.1f}'} | {'' if mm is None else f'{mm:.1f}'} | "
                   f"{'' if c1 is None else f'{u / c1:.2f}'} |")
-    names = ([f"mmh_rt{rt}" for rt in RTS] + [f"fold_rt{rt}" for rt in RTS]
-             + [f"foldp_rt{rt}" for rt in RTS] + ["foldp3_rt1"] + [f"foldp_nb2_rt{rt}" for rt in RTS])
+    names = [f"mmh_rt{rt}" for rt in RTS] + [f"foldp_rt{rt}" for rt in RTS]
     print("| shape | N | " + " | ".join(names) + " | cu N=1 |")
     for k, m in shapes:
         for n in ns:

@@ -63,7 +63,7 @@ def test_lane_decode_is_gguf_dequantization(scale):
                     reason="needs a C++ compiler")
 @pytest.mark.parametrize("scale", [(1e-3, 1e-2), (3e-6, 5e-5)], ids=["normal", "subnormal"])
 def test_fold_lane_weights_are_gguf_dequantization_in_bf16(scale):
-    """The fold kernel's lanes (header functions, g++) cover each of a block's 256 elements exactly
+    """The foldp kernel's lanes (header functions, g++) cover each of a block's 256 elements exactly
     once, with fold_weights' values bitwise; those are gguf-py's dequantized weights within the two
     bf16 roundings (scale, then product; each <= 2^-8 relative), and fold_weights unrounded IS gguf-py."""
     blocks = _blocks(6, 4, scale)
@@ -87,6 +87,16 @@ def test_fold_lane_weights_are_gguf_dequantization_in_bf16(scale):
                         seen[el] += 1
         assert (seen == 1).all()
         np.testing.assert_array_equal(got, want[bi])
+
+
+def test_xpack_is_bf16_pairs_i_and_i_plus_16():
+    """xpack's word 16b + i of a column = (x[32b + i], x[32b + 16 + i]) as bf16 (torch's rounding),
+    low half first: the B operand order of the foldp kernel."""
+    x = torch.randn(3, 96) * 10
+    w = H.xpack(x).numpy().view(np.uint32).reshape(3, 3, 16)
+    xb = x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).reshape(3, 3, 2, 16)
+    np.testing.assert_array_equal(w & 0xFFFF, xb[:, :, 0])
+    np.testing.assert_array_equal(w >> 16, xb[:, :, 1])
 
 
 def test_bf16_round_is_torch_bfloat16():
@@ -121,6 +131,7 @@ def test_bad_operands_are_refused_before_any_launch():
         (dict(out=torch.zeros(2, 5)), "out must be"),
         (dict(rt=3), "rt 3"),
         (dict(kind="lut"), "kind 'lut'"),
+        (dict(kind="foldp"), "packed x"),                         # fp32 x where pairs belong
     ]
     for kw, msg in cases:
         args = dict(x=x, w=w, qtype=IQ4_XS, n_out=4, out=out)

@@ -1,8 +1,8 @@
 """The bf16 byte-table GEMV (tightfit.kernels.gemv_mmh) on the device, against gguf-py's
 dequantization + float64 products of the bf16-rounded x (gemv_mmh_ref) on sampled rows plus the
 last ones (the partial 16-row tile), at N = 1..8, with normal and fp16-subnormal block scales, for
-both kernels ("table": exact codes; "fold": the group scale folded into bf16 weights, whose
-rounding the reference models) at both row-tile counts; repeatable bitwise, in a
+both kernels ("table": exact codes; "foldp": packed x, the group scale folded into bf16 weights,
+whose rounding the reference models) at both row-tile counts; repeatable bitwise, in a
 CUDA graph too; and routed by gemv_cuda_direct where gemv_route says. Skipped without CUDA / cupy.
 
 Bound: 1e-5 relative (the products of bf16 operands are exact in fp32; what is left is fp32
@@ -28,8 +28,7 @@ from _gpu_blocks import capture, rand_weights  # noqa: E402
 pytestmark = [pytest.mark.gpu]
 IQ4_XS = 23
 SHAPES = [(256, 16), (512, 40), (2304, 300), (5120, 1024), (17408, 5120), (5120, 17408)]
-KERNELS = [dict(rt=1), dict(rt=2), dict(rt=1, kind="fold"), dict(rt=2, kind="fold"),
-           dict(rt=1, kind="foldp"), dict(rt=2, kind="foldp")]
+KERNELS = [dict(rt=1), dict(rt=2), dict(rt=1, kind="foldp"), dict(rt=2, kind="foldp")]
 
 
 def _check(n_in, n_out, n, kw, scale, seed=0):

@@ -1,16 +1,20 @@
 """Skinny GEMM on bf16 tensor cores with a shared-memory byte table ("mmh" path), IQ4_XS.
 
-tightfit/kernels/cuda/gemv_mmh.cuh holds the kernel (tf_mmh_iq4<RT>) and says why: one PRMT and
-one shared-memory load turn a byte of IQ4_XS codes into a bf16x2 mma operand, where the int8
-tensor-core GEMV (gemv_mma) spends ~6 ALU operations per 8 codes plus a per-group int -> fp32
-epilogue. x is read as fp32 [N, K] (no activation quantization), y is fp32 [N, n_out]; N <= 8.
+tightfit/kernels/cuda/gemv_mmh.cuh holds the kernels and says why: one PRMT and one shared-memory
+load turn a byte of IQ4_XS codes into a bf16x2 mma operand, where the int8 tensor-core GEMV
+(gemv_mma) spends ~6 ALU operations per 8 codes plus a per-group int -> fp32 epilogue. Two kinds:
+"table" (tf_mmh_iq4<RT>) reads x as fp32 [N, K] (no activation quantization) and applies each
+group's scale in fp32; "foldp" (tf_mmh2_iq4<RT>) reads x packed to bf16 pairs (xpack; in the
+verify block the norm writes them, norm.PACK_LAYOUT) and folds the scale into bf16 weights. y is
+fp32 [N, n_out]; N <= 8.
 The work split and the deterministic fixup are gemv_mma's (stream-K over 16 * RT-row tile groups
 x blocks, one wave of resident warps, its per-device workspace), so results are bitwise
 repeatable. gemv_route.mmh_routed says where it runs (IQ4_XS, 4..8 columns, wide matrices).
 
-Reference: `gemv_mmh_ref` (tightfit.quant's dequantization, float64 products of the bf16-rounded
-x), which tests/test_gemv_mmh_device.py compares with the kernel; `host_lane` runs the header's
-decode functions on the CPU (g++), which tests/test_gemv_mmh.py compares with gguf-py.
+Reference: `gemv_mmh_ref` (tightfit.quant's dequantization, or for "foldp" its bf16 rounding
+`fold_weights`; float64 products of the bf16-rounded x), which tests/test_gemv_mmh_device.py
+compares with the kernels; `host_lane` / `host_lane_fold` run the header's decode functions on the
+CPU (g++), which tests/test_gemv_mmh.py compares with gguf-py.
 """
 from __future__ import annotations
 
@@ -32,14 +36,11 @@ MINB = 2                       # resident CTAs per SM (launch bounds: 128 regist
 TYPES = (23,)                  # IQ4_XS
 RTS = (1, 2)                   # 16-row tiles per warp (within 5 % of each other at N = 5)
 DEFAULT_RT = 1
-# kernel per kind: "table" = tf_mmh_iq4 (exact codes, per-group fp32 scale after each group's
-# products, 4-byte weight loads); "fold" = tf_mmh2_iq4 (the group scale folded into bf16 weights,
-# 8-byte weight loads, one accumulation per row). gemv_mmh.cuh says why each exists.
-KINDS = {"table": "tf_mmh_iq4<{rt}>", "fold": "tf_mmh2_iq4<{rt}, 0>",
-         "foldp": "tf_mmh2_iq4<{rt}, 1>",    # foldp: x given packed (xpack)
-         "foldp3": "tf_mmh2_iq4<{rt}, 1, 3>",   # foldp at 3 CTAs per SM (85 registers)
-         "foldp_nb2": "tf_mmh2_iq4<{rt}, 1, 2, 2>"}   # foldp with the next block's loads in flight
-_CTAS_PER_SM = {"foldp3": 3}
+# kernel per kind (gemv_mmh.cuh says why each exists): "table" = tf_mmh_iq4, fp32 x, exact codes,
+# the group scale applied in fp32 after each group's products; "foldp" = tf_mmh2_iq4, x packed to
+# bf16 pairs (xpack, or a producer's norm.PACK_LAYOUT), the group scale folded into bf16 weights
+# and one accumulation per row (faster where x arrives packed: session 18)
+KINDS = {"table": "tf_mmh_iq4<{rt}>", "foldp": "tf_mmh2_iq4<{rt}>"}
 DEFAULT_KIND = "table"
 MAX_N = 8
 _lock = threading.Lock()
@@ -91,7 +92,8 @@ def geometry(n_in: int, n_out: int, sms: int, rt: int = DEFAULT_RT, ctas_per_sm:
 
 def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor,
              rt: int | None = None, kind: str | None = None) -> torch.Tensor:
-    """out[N, n_out] (fp32) = x[N, K] (fp32, contiguous) . W^T, W = IQ4_XS raw blocks [n_out, K].
+    """out[N, n_out] (fp32) = x[N, K] (fp32, contiguous; kind "foldp": xpack(x), int32 [N, K / 2])
+    . W^T, W = IQ4_XS raw blocks [n_out, K].
     Launched on torch's current stream; nothing allocated per call (CUDA-graph capturable after
     one eager call of the shape: it compiles the module and sizes gemv_mma's fixup workspace)."""
     if not supported(qtype):
@@ -102,7 +104,7 @@ def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: 
         raise ValueError(f"MMH GEMV: kind {kind!r} not in {tuple(KINDS)}")
     if rt not in RTS:
         raise ValueError(f"MMH GEMV: rt {rt} not in {RTS}")
-    if kind.startswith("foldp"):   # x: xpack's int32 [N, K / 2]
+    if kind == "foldp":   # x: xpack's int32 [N, K / 2]
         if x.dtype != torch.int32 or not x.is_contiguous() or x.dim() != 2:
             raise ValueError("MMH GEMV: packed x must be xpack's contiguous int32 [N, K / 2]")
         n, k = x.shape[0], 2 * x.shape[1]
@@ -120,11 +122,10 @@ def gemv_mmh(x: torch.Tensor, w_raw: torch.Tensor, qtype: int, n_out: int, out: 
     if w_raw.data_ptr() % 16 or x.data_ptr() % 16:
         raise ValueError("MMH GEMV: weights and x must be 16-byte aligned")
     dev = w_raw.device
-    cps = _CTAS_PER_SM.get(kind, MINB)
-    key = (k, int(n_out), dev.index, rt, cps)
+    key = (k, int(n_out), dev.index, rt)
     ctas = _geom.get(key)
     if ctas is None:
-        ctas = _geom[key] = geometry(k, int(n_out), _mma._sms(dev.index), rt, cps)
+        ctas = _geom[key] = geometry(k, int(n_out), _mma._sms(dev.index), rt)
     ws = _mma._workspace(dev.index, -(-int(n_out) // 16), ctas * WARPS)
     fn = _fn(dev.index, rt, kind)
     stream = _rt.stream(torch.cuda.current_stream(dev).cuda_stream, dev.index)
@@ -156,7 +157,7 @@ KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53,
 
 
 def fold_weights(w_raw: np.ndarray, n_out: int, k: int, rounded: bool = True) -> np.ndarray:
-    """IQ4_XS weights [n_out, k] as the "fold" kernel forms them: per group s = bf16(d * (ls -
+    """IQ4_XS weights [n_out, k] as the "foldp" kernel forms them: per group s = bf16(d * (ls -
     32)) (fp32 product, rounded to nearest even), weight = bf16(kvalue * s). rounded=False gives
     d * (ls - 32) * kvalue unrounded (= the GGUF dequantization, which the tests check)."""
     b = np.asarray(w_raw, dtype=np.uint8).reshape(-1, BB)
@@ -177,10 +178,10 @@ def fold_weights(w_raw: np.ndarray, n_out: int, k: int, rounded: bool = True) ->
 
 def gemv_mmh_ref(x: np.ndarray, w_raw: np.ndarray, n_out: int, kind: str = DEFAULT_KIND) -> np.ndarray:
     """What the kernel computes, in float64: the GGUF dequantization of W (tightfit.quant's
-    reference; "fold": rounded as fold_weights) against x rounded to bf16."""
+    reference; "foldp": rounded as fold_weights) against x rounded to bf16."""
     from tightfit.quant import dequantize
     k = x.shape[1]
-    if kind.startswith("fold"):
+    if kind == "foldp":
         w = fold_weights(w_raw, n_out, k)
     else:
         w = dequantize(np.asarray(w_raw, dtype=np.uint8).reshape(-1), 23, (n_out, k))
@@ -210,7 +211,7 @@ extern "C" void tf_mmh_host_lane(const uint8_t* blk, int g, int t, uint32_t* row
     f[j] = tf_mmh_ls_f32(j & 1 ? uo : ue, j >> 1);
   }
 }
-// The fold kernel's weights of lane (g, t): for segment s and byte m of the lane's 8 bytes, the
+// The foldp kernel's weights of lane (g, t): for segment s and byte m of the lane's 8 bytes, the
 // bf16x2 (element e_m, e_m + 16) it multiplies into the mma: the table entry times the group scale.
 extern "C" void tf_mmh2_host_lane(const uint8_t* blk, int g, int t, uint32_t* wpair) {
   const int lane = 4 * g + t;
@@ -268,7 +269,7 @@ def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
 
 
 def host_lane_fold(blk: np.ndarray, g: int, t: int) -> np.ndarray:
-    """The fold kernel's weights of lane (g, t) for one IQ4_XS block, on the CPU (the header's own
+    """The foldp kernel's weights of lane (g, t) for one IQ4_XS block, on the CPU (the header's own
     functions): uint32 [4 segments, 8 bytes], bf16 pairs (element e, e + 16) with e = 32 * (2s +
     t // 2) + 8 * (t % 2) + m."""
     buf = np.zeros(BB + 8, np.uint8)

@@ -250,14 +250,21 @@ tf_mmh_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __
 #endif  // TF_DEVICE
 
 // ---------------------------------------------------------------------------------------------
-// tf_mmh2_iq4<RT>: the same table, the group scales folded into the weights (session 18).
-// Why: tf_mmh_iq4 loads 4 bytes per lane (the quad of a row reads 16 contiguous bytes: each
-// 128 bytes a warp loads touch 8 rows' lines) because one product's 16 k slots must all come from
-// ONE group for its scale to apply after the product. Here every lane multiplies its table
-// entries by its own group's s = bf16(d * (ls - 32)) (one mul.bf16x2 per two weights, replacing
-// the per-group fp32 epilogue), so a product may mix groups: lane t of a row reads bytes 8t..8t+7
-// of each 32-byte segment of qs (one 8-byte load; the quad reads a whole sector), and the tensor
-// core accumulates the whole row. Weights are rounded to bf16 (8 significant bits, as x).
+// tf_mmh2_iq4<RT> (kind "foldp"): the same table, the group scales folded into the weights, x
+// given as bf16 pairs (session 18).
+// Why: tf_mmh_iq4 loads 4 bytes per lane (a row's quad reads 16 contiguous bytes) because one
+// product's 16 k slots must come from ONE group for its scale to apply after the product. Here
+// every lane multiplies its table entries by its own group's s = bf16(d * (ls - 32)) (one
+// mul.bf16x2 per two weights, replacing the per-group fp32 epilogue), so a product may mix groups:
+// lane t of a row reads bytes 8t..8t+7 of each 32-byte segment of qs (one 8-byte load), and the
+// tensor core accumulates the whole row. Weights are rounded to bf16 (8 significant bits, as x).
+// x arrives as xpack / norm.PACK_LAYOUT writes it (per column and group of 32, the 16 words
+// (x[i], x[i + 16]) as bf16x2): the lane's B operands of a segment are two 16-byte loads, the
+// quad's one 128-byte line. Measured (H200, bench/mmh.py): 5120 -> 17408 at N = 5 26.7 us against
+// 29.7 for tf_mmh_iq4, and ~flat from N = 1 to 8. Tried and slower or level, removed: fp32 x
+// converted in the kernel (34.9 at RT = 1, 29.0 at RT = 2: x's loads then touch two lines per
+// quad and cost 8 cvt per segment), 3 CTAs per SM (29.0), the next block's words in flight
+// (26.3: within 2 %).
 // Segment s, lane t: group j = 2s + (t >> 1), bytes 8(t & 1) + m (m = 0..7) = element pairs
 // (e_m, e_m + 16), e_m = 32j + 8(t & 1) + m. Product p (0..3) of the segment takes bytes 2p
 // (slots 2t, 2t+1) and 2p + 1 (slots 2t+8, 2t+9); B holds (x[e], x[e + 16]) of the same bytes.
@@ -292,23 +299,10 @@ TF_DEV uint32_t tf_mmh2_scale(uint32_t u, int s, float d) {
 }
 
 #if TF_DEVICE
+// x: the packed pairs as uint32 [ncols, K / 2]; y: fp32 [ncols, n_out] (as tf_mmh_iq4)
 template <int RT>
-TF_DEV void tf_mmh2_load(const uint8_t* const __restrict__ (&wr)[2 * RT], int b, int t,
-                         uint32_t (&h)[2 * RT][2], uint32_t (&q)[2 * RT][8]) {
-#pragma unroll
-  for (int i = 0; i < 2 * RT; ++i) {
-    const uint8_t* blk = wr[i] + (uint64_t)b * 136;
-    tf_mma_ld8(blk, h[i][0], h[i][1]);
-#pragma unroll
-    for (int s = 0; s < 4; ++s) tf_mma_ld8(blk + 8 + 32 * s + 8 * t, q[i][2 * s], q[i][2 * s + 1]);
-  }
-}
-
-// XP: x arrives packed (tf_mmh_xpack layout: per column and group of 32, 16 words (x[i], x[i+16])
-// as bf16x2), read as two 16-byte loads per segment (the quad reads one 128-byte line).
-template <int RT, int XP, int MB = TF_MMH_MINB, int NB = 1>
-__global__ void __launch_bounds__(TF_MMH_THREADS, MB)
-tf_mmh2_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
+__global__ void __launch_bounds__(TF_MMH_THREADS, TF_MMH_MINB)
+tf_mmh2_iq4(const uint8_t* __restrict__ W, const uint32_t* __restrict__ x, float* __restrict__ y,
             int n_out, int K, int ncols, int* cnt, float* part) {
   tf_mmh_fill_iq4(tf_mmh_lut);
   uint32_t lut;
@@ -325,9 +319,8 @@ tf_mmh2_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* _
   tf_mma_warp_range(items, it, iend);
   const bool xon = g < ncols;
   const bool odd = (t >> 1) != 0;                 // the lane's groups are the odd ones
-  // fp32: element offset of the lane's e_0 in its segment; packed: word offset (K / 2 words a column)
-  const float* __restrict__ xc = XP ? x + (uint64_t)(xon ? g : 0) * (K / 2) + 16 * (t >> 1) + 8 * (t & 1)
-                                    : x + (uint64_t)(xon ? g : 0) * K + 32 * (t >> 1) + 8 * (t & 1);
+  // the word of pair e_0 in the lane's first segment (a column is K / 2 words)
+  const uint32_t* __restrict__ xc = x + (uint64_t)(xon ? g : 0) * (K / 2) + 16 * (t >> 1) + 8 * (t & 1);
   while (it < iend) {                                        // warp-uniform
     const int tg = it / spt, s0 = it - tg * spt;
     const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
@@ -343,21 +336,14 @@ tf_mmh2_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* _
     for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[rt][0][i] = 0.f;
-    // NB = 2: block b + 1's words are loaded before block b is decoded (one block in flight)
-    uint32_t hn[2 * RT][2], qn[2 * RT][8];
-    if (NB == 2) tf_mmh2_load<RT>(wr, s0, t, hn, qn);
     for (int b = s0; b < s1; ++b) {
-      uint32_t h[2 * RT][2], q[2 * RT][8];
-      if (NB == 2) {
+      uint32_t h[2 * RT][2], q[2 * RT][8];     // q[i][2s + w]: word w of segment s
 #pragma unroll
-        for (int i = 0; i < 2 * RT; ++i) {
-          h[i][0] = hn[i][0]; h[i][1] = hn[i][1];
+      for (int i = 0; i < 2 * RT; ++i) {
+        const uint8_t* blk = wr[i] + (uint64_t)b * BB;
+        tf_mma_ld8(blk, h[i][0], h[i][1]);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) q[i][j] = qn[i][j];
-        }
-        if (b + 1 < s1) tf_mmh2_load<RT>(wr, b + 1, t, hn, qn);
-      } else {
-        tf_mmh2_load<RT>(wr, b, t, h, q);
+        for (int s = 0; s < 4; ++s) tf_mma_ld8(blk + 8 + 32 * s + 8 * t, q[i][2 * s], q[i][2 * s + 1]);
       }
       float dd[2 * RT];
       uint32_t us[2 * RT];
@@ -368,21 +354,14 @@ tf_mmh2_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* _
         us[i] = odd ? uo : ue;
         dd[i] = tf_h2f((uint16_t)h[i][0]);
       }
-      const float* __restrict__ xb = xc + b * (XP ? 128 : 256);
+      const uint32_t* __restrict__ xb = xc + b * 128;
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         uint32_t bx[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};   // byte m: (x[e_m], x[e_m + 16])
-        if (XP && xon) {
+        if (xon) {
           const uint4 p0 = *(const uint4*)(xb + 32 * s), p1 = *(const uint4*)(xb + 32 * s + 4);
           bx[0] = p0.x; bx[1] = p0.y; bx[2] = p0.z; bx[3] = p0.w;
           bx[4] = p1.x; bx[5] = p1.y; bx[6] = p1.z; bx[7] = p1.w;
-        } else if (xon) {
-          const float4 v0 = *(const float4*)(xb + 64 * s), v1 = *(const float4*)(xb + 64 * s + 4);
-          const float4 v2 = *(const float4*)(xb + 64 * s + 16), v3 = *(const float4*)(xb + 64 * s + 20);
-          bx[0] = tf_mmh_pack(v0.x, v2.x); bx[1] = tf_mmh_pack(v0.y, v2.y);
-          bx[2] = tf_mmh_pack(v0.z, v2.z); bx[3] = tf_mmh_pack(v0.w, v2.w);
-          bx[4] = tf_mmh_pack(v1.x, v3.x); bx[5] = tf_mmh_pack(v1.y, v3.y);
-          bx[6] = tf_mmh_pack(v1.z, v3.z); bx[7] = tf_mmh_pack(v1.w, v3.w);
         }
 #pragma unroll
         for (int rt = 0; rt < RT; ++rt) {
