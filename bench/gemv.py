@@ -142,9 +142,11 @@ def call(impl, x, w, t, n_out, n_in, out, cfg=None):
         from tightfit.kernels.quantize_act import quantize_act
         mma_cfg = {k: cfg[k] for k in ("ctas_per_sm", "rt", "pipe", "nst", "fill") if cfg and k in cfg} or None
         return gemv_mma(quantize_act(x, 0), w, t, n_out, out, config=mma_cfg)
-    if impl == "mmh":               # bf16 byte-table GEMV (gemv_mmh.py, IQ4_XS); config rt
-        from tightfit.kernels.gemv_mmh import gemv_mmh
-        return gemv_mmh(x, w, t, n_out, out, rt=(cfg or {}).get("rt"))
+    if impl == "mmh":               # bf16 byte-table GEMV (gemv_mmh.py, IQ4_XS); config rt, kind
+        from tightfit.kernels.gemv_mmh import gemv_mmh, xpack
+        kind = (cfg or {}).get("kind")
+        xk = xpack(x) if kind == "foldp" else x     # (packed per call: a separate small kernel)
+        return gemv_mmh(xk, w, t, n_out, out, rt=(cfg or {}).get("rt"), kind=kind)
     if impl.startswith("v2n1"):
         cfg = {**(cfg or {}), "PATH": "dp4a"}
     elif impl in ("v2", "v2p"):
