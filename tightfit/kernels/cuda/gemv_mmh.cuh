@@ -196,6 +196,21 @@ TF_DEV void tf_mmh_block(const tf_mmh_raw<RT>& r, const float* __restrict__ xb, 
   }
 }
 
+// A tile group's start: the lane's row pointers (rows g and g + 8 of each 16-row tile; rows past
+// n_out read row n_out - 1, never stored) and zeroed accumulators.
+template <int RT>
+TF_DEV void tf_mmh_tile_start(const uint8_t* __restrict__ W, int tg, int g, int n_out, int nb,
+                              const uint8_t* __restrict__ (&wr)[2 * RT], float (&acc)[RT][1][4]) {
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    const int ra = (tg * RT + rt) * 16 + g, rb = ra + 8;
+    wr[2 * rt] = W + (uint64_t)(ra < n_out ? ra : n_out - 1) * nb * 136;
+    wr[2 * rt + 1] = W + (uint64_t)(rb < n_out ? rb : n_out - 1) * nb * 136;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[rt][0][i] = 0.f;
+  }
+}
+
 // tf_mmh_iq4<RT>: RT 16-row tiles per warp, one IQ4_XS block per work item (the stream-K split of
 // tf_mma_rt with U = 1: items = tile groups x blocks per row, one wave of resident warps, the
 // deterministic fixup for tile groups cut between warps). A block's raw words are loaded, then
@@ -227,17 +242,8 @@ tf_mmh_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __
     const int tg = it / spt, s0 = it - tg * spt;
     const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
     const uint8_t* __restrict__ wr[2 * RT];
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt) {
-      const int ra = (tg * RT + rt) * 16 + g, rb = ra + 8;
-      wr[2 * rt] = W + (uint64_t)(ra < n_out ? ra : n_out - 1) * nb * BB;
-      wr[2 * rt + 1] = W + (uint64_t)(rb < n_out ? rb : n_out - 1) * nb * BB;
-    }
     float acc[RT][1][4];
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[rt][0][i] = 0.f;
+    tf_mmh_tile_start<RT>(W, tg, g, n_out, nb, wr, acc);
     for (int b = s0; b < s1; ++b) {
       tf_mmh_raw<RT> raw;
       tf_mmh_load<RT>(raw, wr, b, t);
@@ -325,17 +331,8 @@ tf_mmh2_iq4(const uint8_t* __restrict__ W, const uint32_t* __restrict__ x, float
     const int tg = it / spt, s0 = it - tg * spt;
     const int s1 = spt < s0 + (iend - it) ? spt : s0 + (iend - it);
     const uint8_t* __restrict__ wr[2 * RT];
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt) {
-      const int ra = (tg * RT + rt) * 16 + g, rb = ra + 8;
-      wr[2 * rt] = W + (uint64_t)(ra < n_out ? ra : n_out - 1) * nb * BB;
-      wr[2 * rt + 1] = W + (uint64_t)(rb < n_out ? rb : n_out - 1) * nb * BB;
-    }
     float acc[RT][1][4];
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[rt][0][i] = 0.f;
+    tf_mmh_tile_start<RT>(W, tg, g, n_out, nb, wr, acc);
     for (int b = s0; b < s1; ++b) {
       uint32_t h[2 * RT][2], q[2 * RT][8];     // q[i][2s + w]: word w of segment s
 #pragma unroll
