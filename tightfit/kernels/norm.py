@@ -75,21 +75,6 @@ def _quant_tile(y, b, bm, q_ptr, qd_ptr, qs_ptr, inv_ptr, LAYOUT: tl.constexpr):
         tl.store(qs_ptr + b * 2 + 1, hi, mask=bm)
 
 
-@triton.jit
-def _pack_rows(xr_ptr, w_ptr, r, lb, bm, pk_ptr):
-    """add_rmsnorm's bf16 pairs of the 32-blocks lb (of one row): y = x * r * w recomputed at the
-    source element of each pair position (position p of a block holds element p // 2 + 16 * (p %
-    2)), so that the 2-byte stores are contiguous (_quant_tile's PACK_LAYOUT branch scatters them;
-    on the H200 that made the norm 5.0 -> 8.6 us at M = 5 beside the int8 copy, session 18)."""
-    p = tl.arange(0, 32)
-    src = lb[:, None] * 32 + (p // 2 + 16 * (p % 2))[None, :]
-    x = tl.load(xr_ptr + src, mask=bm[:, None], other=0.0)
-    w = tl.load(w_ptr + src, mask=bm[:, None], other=0.0)
-    u = (x * r * w).to(tl.uint32, bitcast=True)
-    h = (u + 0x7FFF + ((u >> 16) & 1)) >> 16          # round to nearest even, as _quant_tile
-    tl.store(pk_ptr + lb[:, None] * 32 + p[None, :], h.to(tl.int32).to(tl.int16), mask=bm[:, None])
-
-
 PACK_LAYOUT = 300   # quant_out=(pk,): x as bf16 pairs for gemv_mmh kind "foldp" (its xpack)
 
 
@@ -171,12 +156,9 @@ def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, inv
             w = tl.load(w_ptr + offs, mask=bm[:, None], other=0.0)
             y = x * r * w
             tl.store(out_ptr + base + offs, y, mask=bm[:, None])
-            if LAYOUT == 300:      # the pairs alone (q_ptr is the pair buffer)
-                _pack_rows(x_ptr + base, w_ptr, r, lb, bm, q_ptr + row.to(tl.int64) * n)
-            else:
-                _quant_tile(y, row * nblk + lb, bm, q_ptr, qd_ptr, qs_ptr, inv_ptr, LAYOUT)
-                if PACK:     # pack_out: the bf16 pairs too, beside the int8 copy
-                    _pack_rows(x_ptr + base, w_ptr, r, lb, bm, pk_ptr + row.to(tl.int64) * n)
+            _quant_tile(y, row * nblk + lb, bm, q_ptr, qd_ptr, qs_ptr, inv_ptr, LAYOUT)
+            if PACK:     # pack_out: the bf16 pairs too, beside the int8 copy
+                _quant_tile(y, row * nblk + lb, bm, pk_ptr, qd_ptr, qs_ptr, inv_ptr, 300)
     else:
         for s in range(0, n, BLOCK):
             offs = s + tl.arange(0, BLOCK)
