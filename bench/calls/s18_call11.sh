@@ -1,6 +1,7 @@
 #!/bin/bash
 # Session 18, device call 11. Carry [".whl", ".tcache_in", ".fixtures"].
-# Every norm-produced gemv_mmh input packed (GDN qkv, attention q, FFN gate or up). The tree: device tests (gemv_mmh both kinds, the fused pack, the verify graph, speculation,
+# Every norm-produced gemv_mmh input packed (GDN qkv, attention q, FFN gate or up; commit 685e9eb,
+# reverted in a2b62bd after this call measured it slower). The tree: device tests (gemv_mmh both kinds, the fused pack, the verify graph, speculation,
 # the placed region); gemv_mmh per matrix; the 27B's verify block with the pack on / off; forced
 # k = 4 at 0 % / 80 %.
 export TIGHTFIT_DEVICE_EMBED=1
