@@ -273,31 +273,15 @@ def small_q4(tmp_path_factory):
     mf.close()
 
 
-def test_fused_activation_quant_matches_separate_launches(small_q4, monkeypatch):
-    """The block's norms / SwiGLU / gated norm write their output's int8 copy themselves (as the
-    step does) and the separate quantize launches go: every GEMV reads the same int8 activations
-    (codes, scales, sums) as with TIGHTFIT_FUSE_QUANT=0 (quantize_act after each producer), the
-    logits are equal, and only the attention outputs (no fused producer) are still quantized on
-    their own. Under the interpreter the GEMV itself is a torch product on those int8 codes
-    (the interpreted quantized GEMV at 3 columns takes minutes); on a GPU it is the real one."""
-    dev = "cpu" if INTERP else "cuda"
-    if not INTERP and not torch.cuda.is_available():
-        pytest.skip("needs TRITON_INTERPRET=1 or CUDA")
+def _torch_gemv_act():
+    """gemv_act as a torch product on the int8 activations (codes back to element order, times
+    their scales) and gguf-py's dequantized weights: the interpreted quantized GEMV at several
+    columns takes minutes on the CPU."""
     import gguf
-    from tightfit.kernels import gemv_route
-    from tightfit.kernels.gemv_route import is_cuda
     from tightfit.kernels.quantize_act import LAYOUTS
-    from tightfit.model import verify_graph as VG
-    calls, seen = [], []
-    real_q, real_g = gemv_route.quantize_into, gemv_route.gemv_act
-    monkeypatch.setattr(gemv_route, "quantize_into",
-                        lambda x, lay, qa: calls.append(lay) or real_q(x, lay, qa))
     wcache: dict = {}
 
     def gemv(act, w, qtype, n_out, out, workspace=None):
-        seen.append((act.q.clone(), act.d.clone(), act.s16.clone()))
-        if dev == "cuda":
-            return real_g(act, w, qtype, n_out, out, workspace)
         n, k = act.q.shape
         inv = torch.from_numpy(np.argsort(LAYOUTS[act.layout]))      # element -> position
         codes = act.q.view(n, k // 32, 32)[:, :, inv].float()
@@ -308,6 +292,33 @@ def test_fused_activation_quant_matches_separate_launches(small_q4, monkeypatch)
                 w.numpy(), gguf.GGMLQuantizationType(int(qtype))).reshape(n_out, k).copy())
         out.copy_(x @ wcache[key].T)
         return out
+    return gemv
+
+
+def test_fused_activation_quant_matches_separate_launches(small_q4, monkeypatch):
+    """The block's norms / SwiGLU / gated norm write their output's int8 copy themselves (as the
+    step does) and the separate quantize launches go: every GEMV reads the same int8 activations
+    (codes, scales, sums) as with TIGHTFIT_FUSE_QUANT=0 (quantize_act after each producer), the
+    logits are equal, and only the attention outputs (no fused producer) are still quantized on
+    their own. Under the interpreter the GEMV itself is a torch product on those int8 codes
+    (the interpreted quantized GEMV at 3 columns takes minutes); on a GPU it is the real one."""
+    dev = "cpu" if INTERP else "cuda"
+    if not INTERP and not torch.cuda.is_available():
+        pytest.skip("needs TRITON_INTERPRET=1 or CUDA")
+    from tightfit.kernels import gemv_route
+    from tightfit.kernels.gemv_route import is_cuda
+    from tightfit.model import verify_graph as VG
+    calls, seen = [], []
+    real_q, real_g = gemv_route.quantize_into, gemv_route.gemv_act
+    monkeypatch.setattr(gemv_route, "quantize_into",
+                        lambda x, lay, qa: calls.append(lay) or real_q(x, lay, qa))
+    torch_gemv = _torch_gemv_act()
+
+    def gemv(act, w, qtype, n_out, out, workspace=None):
+        seen.append((act.q.clone(), act.d.clone(), act.s16.clone()))
+        if dev == "cuda":
+            return real_g(act, w, qtype, n_out, out, workspace)
+        return torch_gemv(act, w, qtype, n_out, out, workspace)
     monkeypatch.setattr(gemv_route, "gemv_act", gemv)
     c = small_q4.config
     prompt = _prompt(small_q4, 2, 3)
@@ -335,3 +346,76 @@ def test_fused_activation_quant_matches_separate_launches(small_q4, monkeypatch)
         for ta, tb in zip(a, b):
             torch.testing.assert_close(ta, tb, rtol=0, atol=0)
     torch.testing.assert_close(got["1"][0], got["0"][0], rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def small_iq4(tmp_path_factory):
+    p = tmp_path_factory.mktemp("vgi") / "small-iq4_xs.gguf"
+    make_model(p, preset="small", layers=4, qtype="IQ4_XS", seed=9, vocab="small:2048")
+    mf = open_model(p)
+    yield mf
+    mf.close()
+
+
+def test_ffn_gate_up_read_the_norms_bf16_pairs(small_iq4, monkeypatch):
+    """Where the FFN's gate and up both go to gemv_mmh, the post-attention norm writes their input
+    as bf16 pairs (norm.PACK_LAYOUT, v_xpk) and both read those with kind "foldp": the pairs are
+    xpack of the norm's float output bit for bit, every other product keeps its path, and the
+    logits agree with TIGHTFIT_MMH_PACK=0 (fp32 x, "table" kind) to the folded weights' bf16
+    rounding. gemv_mmh needs CUDA, so the route is forced and the kernel is its reference here
+    (tests/test_gemv_mmh*.py check kernel against reference); the norm is the real Triton kernel
+    (interpreted on the CPU)."""
+    if not INTERP:
+        pytest.skip("needs TRITON_INTERPRET=1 (on a GPU the real kernels run: bench/verify_profile.py)")
+    from tightfit.kernels import gemv_mmh as H
+    from tightfit.kernels import gemv_route
+    from tightfit.model import verify_graph as VG
+    monkeypatch.setattr(gemv_route, "gemv_act", _torch_gemv_act())
+    holder: dict = {}
+    ffn = {f"blk.{il}.ffn_{w}.weight" for il in range(small_iq4.config.n_layer) for w in ("gate", "up")}
+    by_ptr: dict = {}
+    calls = []
+
+    def routed(qtype, n, w, weights):
+        return int(qtype) == 23 and 4 <= int(n) <= 8 and w.data_ptr() in by_ptr
+
+    def fake(x, w, qtype, n_out, out, rt=None, kind=None):
+        name = by_ptr[w.data_ptr()]
+        calls.append((name, kind, x.clone(), holder["vg"].views(x.shape[0]).xn.clone()))
+        k = x.shape[1] * (2 if kind == "foldp" else 1)
+        if kind == "foldp":                       # the pairs back to elements
+            u = x.cpu().numpy().view(np.uint32).reshape(x.shape[0], -1, 16)
+            b = np.concatenate([u & 0xFFFF, u >> 16], axis=2).astype(np.uint32) << 16
+            xf = b.reshape(x.shape[0], k).view(np.float32)
+        else:
+            xf = x.cpu().numpy()
+        y = H.gemv_mmh_ref(xf, w.cpu().numpy(), n_out, kind or "table")
+        out.copy_(torch.from_numpy(y).float())
+        return out
+    monkeypatch.setattr(gemv_route, "mmh_routed", routed)
+    monkeypatch.setattr(gemv_route, "mmh_input", lambda x: x is not None and x.dtype == torch.float32)
+    monkeypatch.setattr(H, "gemv_mmh", fake)
+    prompt = _prompt(small_iq4, 2, 4)
+    got = {}
+    for pack in ("1", "0"):
+        monkeypatch.setenv("TIGHTFIT_MMH_PACK", pack)
+        exe = _exe(small_iq4, True)
+        by_ptr.clear()
+        by_ptr.update({exe.lin[n].raw.data_ptr(): n for n in ffn if exe.lin[n].qtype == 23})
+        assert len(by_ptr) == len(ffn)
+        st = exe.new_state(128)
+        exe.forward(prompt, st, logits="none")
+        vg = holder["vg"] = VG.VerifyGraph(exe, 4)
+        calls.clear()
+        with torch.no_grad():
+            vg._pass(st, 4, "single")
+        got[pack] = vg.views(4).logits.clone()
+        assert {c[0] for c in calls} == ffn                    # gate and up, nothing else
+        kinds = {c[1] for c in calls}
+        assert kinds == ({"foldp"} if pack == "1" else {None})
+        if pack == "1":               # each layer's pairs = xpack of the norm's float output
+            for _, _, xpk, xn in calls:
+                assert torch.equal(xpk, H.xpack(xn))
+    ref, packed = got["0"], got["1"]
+    err = float((packed - ref).abs().max() / ref.abs().max())
+    assert 0 < err < 2e-2, err                # bf16 weights: a small, nonzero difference
