@@ -196,6 +196,18 @@ TF_DEV void tf_mmh_block(const tf_mmh_raw<RT>& r, const float* __restrict__ xb, 
   }
 }
 
+// A kernel's start: the CTA's table filled, its shared-window offset (a constant ptxas folds into
+// each LDS), and the warp's stream-K item range over (16 * RT-row tile groups) x blocks.
+template <int RT>
+TF_DEV uint32_t tf_mmh_begin(int n_out, int K, int& it, int& iend) {
+  tf_mmh_fill_iq4(tf_mmh_lut);
+  uint32_t lut;
+  asm("mov.u32 %0, tf_mmh_lut;" : "=r"(lut));
+  const tf_mma_ix items = (tf_mma_ix)((n_out + 16 * RT - 1) / (16 * RT)) * (K >> 8);
+  tf_mma_warp_range(items, it, iend);
+  return lut;
+}
+
 // A tile group's start: the lane's row pointers (rows g and g + 8 of each 16-row tile; rows past
 // n_out read row n_out - 1, never stored) and zeroed accumulators.
 template <int RT>
@@ -223,19 +235,14 @@ template <int RT>
 __global__ void __launch_bounds__(TF_MMH_THREADS, TF_MMH_MINB)
 tf_mmh_iq4(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
            int n_out, int K, int ncols, int* cnt, float* part) {
-  tf_mmh_fill_iq4(tf_mmh_lut);
-  uint32_t lut;   // the symbol's offset in the CTA's window: a constant ptxas folds into each LDS
-  asm("mov.u32 %0, tf_mmh_lut;" : "=r"(lut));
+  int it, iend;
+  const uint32_t lut = tf_mmh_begin<RT>(n_out, K, it, iend);
   constexpr int BB = 136;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const uint32_t l4 = 4u * (uint32_t)lane;
   const int nb = K >> 8;
   const int spt = nb;
-  const int groups = (n_out + 16 * RT - 1) / (16 * RT);
-  const tf_mma_ix items = (tf_mma_ix)groups * spt;
-  int it, iend;
-  tf_mma_warp_range(items, it, iend);
   const bool xon = g < ncols;                    // this lane's B column exists
   const float* __restrict__ xc = x + (uint64_t)(xon ? g : 0) * K + 4 * t;
   while (it < iend) {                                        // warp-uniform
@@ -310,19 +317,14 @@ template <int RT>
 __global__ void __launch_bounds__(TF_MMH_THREADS, TF_MMH_MINB)
 tf_mmh2_iq4(const uint8_t* __restrict__ W, const uint32_t* __restrict__ x, float* __restrict__ y,
             int n_out, int K, int ncols, int* cnt, float* part) {
-  tf_mmh_fill_iq4(tf_mmh_lut);
-  uint32_t lut;
-  asm("mov.u32 %0, tf_mmh_lut;" : "=r"(lut));
+  int it, iend;
+  const uint32_t lut = tf_mmh_begin<RT>(n_out, K, it, iend);
   constexpr int BB = 136;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const uint32_t l4 = 4u * (uint32_t)lane;
   const int nb = K >> 8;
   const int spt = nb;
-  const int groups = (n_out + 16 * RT - 1) / (16 * RT);
-  const tf_mma_ix items = (tf_mma_ix)groups * spt;
-  int it, iend;
-  tf_mma_warp_range(items, it, iend);
   const bool xon = g < ncols;
   const bool odd = (t >> 1) != 0;                 // the lane's groups are the odd ones
   // the word of pair e_0 in the lane's first segment (a column is K / 2 words)
