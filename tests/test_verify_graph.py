@@ -262,13 +262,17 @@ def test_device_capture_and_replay(tiny):
     assert st.pos == 13
 
 
-@pytest.fixture(scope="module")
-def small_q4(tmp_path_factory):
-    p = tmp_path_factory.mktemp("vgq") / "small-q4_0.gguf"
+def _small(tmp_path_factory, qtype: str, seed: int):
+    p = tmp_path_factory.mktemp("vgq") / f"small-{qtype.lower()}.gguf"
     # K = 256n: quantized GEMVs; 4 layers hold one attention layer; a small vocabulary keeps the
     # interpreted LM head short
-    make_model(p, preset="small", layers=4, qtype="Q4_0", seed=8, vocab="small:2048")
-    mf = open_model(p)
+    make_model(p, preset="small", layers=4, qtype=qtype, seed=seed, vocab="small:2048")
+    return open_model(p)
+
+
+@pytest.fixture(scope="module")
+def small_q4(tmp_path_factory):
+    mf = _small(tmp_path_factory, "Q4_0", 8)
     yield mf
     mf.close()
 
@@ -350,9 +354,7 @@ def test_fused_activation_quant_matches_separate_launches(small_q4, monkeypatch)
 
 @pytest.fixture(scope="module")
 def small_iq4(tmp_path_factory):
-    p = tmp_path_factory.mktemp("vgi") / "small-iq4_xs.gguf"
-    make_model(p, preset="small", layers=4, qtype="IQ4_XS", seed=9, vocab="small:2048")
-    mf = open_model(p)
+    mf = _small(tmp_path_factory, "IQ4_XS", 9)
     yield mf
     mf.close()
 
