@@ -44,7 +44,7 @@ KINDS = {"table": "tf_mmh_iq4<{rt}>", "foldp": "tf_mmh2_iq4<{rt}>"}
 DEFAULT_KIND = "table"
 MAX_N = 8
 _lock = threading.Lock()
-_fns: dict[tuple[int, int], object] = {}
+_fns: dict[tuple[int, int, str], object] = {}
 _geom: dict[tuple, int] = {}
 
 
