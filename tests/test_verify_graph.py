@@ -364,15 +364,17 @@ def test_ffn_gate_up_read_the_norms_bf16_pairs(small_iq4, monkeypatch):
     as bf16 pairs (norm.PACK_LAYOUT, v_xpk) and both read those with kind "foldp": the pairs are
     xpack of the norm's float output bit for bit, every other product keeps its path, and the
     logits agree with TIGHTFIT_MMH_PACK=0 (fp32 x, "table" kind) to the folded weights' bf16
-    rounding. gemv_mmh needs CUDA, so the route is forced and the kernel is its reference here
-    (tests/test_gemv_mmh*.py check kernel against reference); the norm is the real Triton kernel
-    (interpreted on the CPU)."""
-    if not INTERP:
-        pytest.skip("needs TRITON_INTERPRET=1 (on a GPU the real kernels run: bench/verify_profile.py)")
+    rounding. The route is forced (the small model's matrices are below gemv_mmh's size bound) and
+    the kernel is its reference here (tests/test_gemv_mmh*.py check kernel against reference); the
+    norm is the real Triton kernel (interpreted on the CPU, compiled on a GPU)."""
+    dev = "cpu" if INTERP else "cuda"
+    if not INTERP and not torch.cuda.is_available():
+        pytest.skip("needs TRITON_INTERPRET=1 or CUDA")
     from tightfit.kernels import gemv_mmh as H
     from tightfit.kernels import gemv_route
     from tightfit.model import verify_graph as VG
-    monkeypatch.setattr(gemv_route, "gemv_act", _torch_gemv_act())
+    if INTERP:       # the other products as torch products (on a GPU: the real kernels)
+        monkeypatch.setattr(gemv_route, "gemv_act", _torch_gemv_act())
     holder: dict = {}
     ffn = {f"blk.{il}.ffn_{w}.weight" for il in range(small_iq4.config.n_layer) for w in ("gate", "up")}
     by_ptr: dict = {}
@@ -401,7 +403,7 @@ def test_ffn_gate_up_read_the_norms_bf16_pairs(small_iq4, monkeypatch):
     got = {}
     for pack in ("1", "0"):
         monkeypatch.setenv("TIGHTFIT_MMH_PACK", pack)
-        exe = _exe(small_iq4, True)
+        exe = _exe(small_iq4, True, device=dev)
         by_ptr.clear()
         by_ptr.update({exe.lin[n].raw.data_ptr(): n for n in ffn if exe.lin[n].qtype == 23})
         assert len(by_ptr) == len(ffn)
