@@ -306,10 +306,10 @@ def scen_block_step():
     conv_buf = torch.zeros(2, n_rec, k - 1, conv_dim)
     conv_rows = torch.zeros(n_rec, m_max, conv_dim)
     cw = torch.zeros(conv_dim, k)
-    # the SSM banks / per-position states at the real inner shapes; fewer recurrent slots than
+    # the SSM banks / replay inputs at the real inner shapes; fewer recurrent slots than
     # the 27B's 48 (strides stay multiples of 16, so the specialization is the same)
     ssm = torch.empty(2, 2, hv, s, s)
-    ssm_pos = torch.empty(2, m_max - 1, hv, s, s)
+    ssm_in = torch.empty(2, m_max - 1, hv, 2 * s + 1)
     vec = torch.zeros(hv)
     cos, sin = torch.zeros(4096, NROT // 2), torch.zeros(4096, NROT // 2)
     kc = torch.zeros(4096, HKV, D, dtype=torch.float16)
@@ -321,7 +321,7 @@ def scen_block_step():
         y = torch.zeros(m_max, conv_dim)[:M]
         _scn(f"block conv M={M}", BS.conv_block, conv_rows[1, :M], conv_buf, cw, y, st, 1)
         _scn(f"block gdn M={M}", BS.gdn_block, y, torch.zeros(M, hv), torch.zeros(M, hv), vec,
-             vec, ssm, ssm_pos[1], torch.zeros(M, hv, s), st, 1, hk, 1e-6)
+             vec, ssm, ssm_in[1], torch.zeros(M, hv, s), st, 1, hk, 1e-6)
         qg = torch.zeros(m_max, 2 * H * D)[:M]
         kk, vv = torch.zeros(M, HKV * D), torch.zeros(M, HKV * D)
         q = torch.zeros(m_max, H, D)[:M]
@@ -332,7 +332,7 @@ def scen_block_step():
         _scn(f"block attn split M={M}", BS.attn_block, q, kc, kc, qg, out, st, ws,
              n_chunks=nch, chunk=512)
         for j in sorted({1, 2, M - 1, M} - {0}):
-            _scn(f"block commit M={M} j={j}", BS.commit_block, conv_buf, ssm, conv_rows, ssm_pos,
+            _scn(f"block commit M={M} j={j}", BS.commit_block, conv_buf, ssm, conv_rows, ssm_in,
                  st, j, M)
 
 

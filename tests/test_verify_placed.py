@@ -36,8 +36,8 @@ def test_the_verify_line_is_the_runtime_buffer_list(tiny):
     line = plan.line("verify")
     cfg = plan.inventory.config
     n_rec = len(cfg.recurrent_ids)
-    # the per-position recurrent states, by hand: n_gdn x (batch - 1) x Hv x S x S x fp32
-    assert line.details["ssm_states"] == n_rec * 4 * cfg.ssm_v_heads * cfg.ssm_state ** 2 * 4
+    # the recurrent replay inputs, by hand: n_gdn x (batch - 1) x Hv x (k, delta, decay) x fp32
+    assert line.details["ssm_replay"] == n_rec * 4 * cfg.ssm_v_heads * (2 * cfg.ssm_state + 1) * 4
     assert line.details["logits"] == 5 * cfg.n_vocab * 4
     bufs = verify_buffers(cfg, 5, 128, plan.options.attn_chunk, {})   # F32 model: no int8 inputs
     assert line.bytes == sum(b.nbytes for b in bufs) and line.region_bytes == pack(bufs)[1]

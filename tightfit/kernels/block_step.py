@@ -7,8 +7,10 @@ a CUDA graph (tightfit.model.verify_graph). Every buffer is caller-given; nothin
   state: the conv state after block token j-1 is cut from (bank rows, u rows) at commit time.
 * `gdn_block`: the delta rule token after token from the active bank's SSM state (the same math
   as tightfit.kernels.gdn.gdn_step, one program per (V head, value block) keeping its state slice
-  in registers across the M tokens); the state after token t < M-1 goes to the per-position
-  buffer pos[t], the state after the last token to the *staging* bank. o [M, Hv, S].
+  in registers across the M tokens); the state after the last token goes to the *staging* bank,
+  and for each earlier token t what a partial commit needs to rebuild the state after it (the
+  ReplaySSM idea): the head's normalised key k, delta = beta (v - S k) and the decay, 2S + 1
+  floats per head and token where the state itself is S * S. o [M, Hv, S].
 * `qk_prep_block`: q/k RMSNorm + partial NEOX RoPE at positions status[2] + t, K/V rounded to
   fp16 into cache rows status[2] + t (beyond the committed length: rejected rows are abandoned).
 * `attn_block`: M queries at positions p0 + t (p0 = status[2]) against the cache rows
@@ -17,10 +19,14 @@ a CUDA graph (tightfit.model.verify_graph). Every buffer is caller-given; nothin
   once per tile. Single pass, or split-K over chunks of `chunk` rows with a reduce (m, l, acc
   workspace [M*H, NCH(, D)]), as attn_decode. Scores and P.V use the fp16 hi+lo split of
   attn_decode (~fp32 accuracy on exact fp16 K/V).
-* `commit_block`: keep j of the M tokens: staging bank <- conv window after token j-1 and SSM
-  state pos[j-1] (j < M; j = M: the block already left it there), then flip the bank and advance
-  the device position by j (unless the sticky non-finite flag is set). Not captured (j comes from
-  the host after acceptance); three small launches, no sync.
+* `commit_block`: keep j of the M tokens: staging bank <- conv window after token j-1 and the
+  SSM state after token j-1, replayed from the active bank (the state before the block) with j
+  rank-one updates, rounded as the block kernel rounded them (one multiply, one fma per token:
+  bitwise the block's own state); j = M: the block already left it there. Then flip the bank and
+  advance the device position by j (unless the sticky non-finite flag is set). Not captured (j
+  comes from the host after acceptance); three small launches, no sync. The replay reads and
+  writes the state once, as copying a stored per-position state did, and the block no longer
+  writes (M - 1) states per layer (27B: 151 MB per extra token, ~0.35 ms of the M = 5 block).
 
 Each has a torch reference `*_ref` with the same signature (the CPU path and the tests' oracle).
 """
@@ -38,31 +44,33 @@ from tightfit.kernels.attn_decode import LOG2E, _norm_rope, attention_f64
 
 # ---- causal conv over the block -----------------------------------------------------------------
 @triton.jit
-def _conv_block_kernel(u_ptr, conv_ptr, w_ptr, y_ptr, status_ptr, slot, C, bank_stride, M,
+def _conv_block_kernel(u_ptr, conv_ptr, w_ptr, y_ptr, status_ptr, slot, C, bank_stride,
                        KM1: tl.constexpr, BLOCK: tl.constexpr):
     c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    t = tl.program_id(1)                   # one block token per program: the tokens are independent
     m = c < C
     a = tl.load(status_ptr)
     src = conv_ptr + a.to(tl.int64) * bank_stride + slot * (KM1 * C)
-    for t in range(0, M):
-        acc = tl.zeros([BLOCK], tl.float32)
-        for jj in tl.static_range(0, KM1 + 1):
-            r = c * 0 + (t - KM1 + jj)          # window row: < 0 from the bank, else u[r]
-            hs = tl.load(src + (KM1 + r) * C + c, mask=m & (r < 0), other=0.0)
-            hu = tl.load(u_ptr + r * C + c, mask=m & (r >= 0), other=0.0)
-            acc += tl.where(r < 0, hs, hu) * tl.load(w_ptr + c * (KM1 + 1) + jj, mask=m, other=0.0)
-        tl.store(y_ptr + t * C + c, acc / (1.0 + tl.exp(-acc)), mask=m)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for jj in tl.static_range(0, KM1 + 1):
+        r = c * 0 + (t - KM1 + jj)              # window row: < 0 from the bank, else u[r]
+        hs = tl.load(src + (KM1 + r) * C + c, mask=m & (r < 0), other=0.0)
+        hu = tl.load(u_ptr + r * C + c, mask=m & (r >= 0), other=0.0)
+        acc += tl.where(r < 0, hs, hu) * tl.load(w_ptr + c * (KM1 + 1) + jj, mask=m, other=0.0)
+    tl.store(y_ptr + t * C + c, acc / (1.0 + tl.exp(-acc)), mask=m)
 
 
 def conv_block(u: torch.Tensor, conv_buf: torch.Tensor, w: torch.Tensor, y: torch.Tensor,
                status: torch.Tensor, slot: int) -> torch.Tensor:
-    """u [M, C] new pre-conv rows, conv_buf [2, n_rec, K-1, C], w [C, K] -> y [M, C]."""
+    """u [M, C] new pre-conv rows, conv_buf [2, n_rec, K-1, C], w [C, K] -> y [M, C]. Grid
+    (channel blocks, tokens): the 27B's 10240 channels made 20 programs of 512 looping over the
+    tokens, 6.8 us at M = 5 against 2.8 at M = 1 (session 18, verify_profile)."""
     M, C = u.shape
     km1 = conv_buf.shape[2]
-    BLOCK = 512
-    _conv_block_kernel[(triton.cdiv(C, BLOCK),)](u, conv_buf, w, y, status, slot, C,
-                                                 conv_buf.stride(0), M, KM1=km1, BLOCK=BLOCK,
-                                                 num_warps=4)
+    BLOCK = 256
+    _conv_block_kernel[(triton.cdiv(C, BLOCK), M)](u, conv_buf, w, y, status, slot, C,
+                                                   conv_buf.stride(0), KM1=km1, BLOCK=BLOCK,
+                                                   num_warps=2)
     return y
 
 
@@ -78,8 +86,8 @@ def conv_block_ref(u, conv_buf, w, y, status, slot):
 
 # ---- gated delta rule, token after token ----------------------------------------------------------
 @triton.jit
-def _gdn_block_kernel(y_ptr, alpha_ptr, beta_ptr, dtb_ptr, ssma_ptr, ssm_ptr, pos_ptr, o_ptr,
-                      status_ptr, slot, bank_stride, pos_stride, M, CY, Hv, Hk, eps, q_scale,
+def _gdn_block_kernel(y_ptr, alpha_ptr, beta_ptr, dtb_ptr, ssma_ptr, ssm_ptr, rin_ptr, o_ptr,
+                      status_ptr, slot, bank_stride, rin_stride, M, CY, Hv, Hk, eps, q_scale,
                       S: tl.constexpr, BV: tl.constexpr):
     h = tl.program_id(0)
     jb = tl.program_id(1)
@@ -90,7 +98,8 @@ def _gdn_block_kernel(y_ptr, alpha_ptr, beta_ptr, dtb_ptr, ssma_ptr, ssm_ptr, po
     a = tl.load(status_ptr).to(tl.int64)
     off = slot * (Hv * S * S) + h * (S * S) + i[:, None] * S + j[None, :]
     st = tl.load(ssm_ptr + a * bank_stride + off)
-    poff = h * (S * S) + i[:, None] * S + j[None, :]
+    rb = rin_ptr + h * (2 * S + 1)
+    lead = (i * 0 + jb) == 0              # the head's first value block stores k and the decay
     dtb = tl.load(dtb_ptr + h)
     ssma = tl.load(ssma_ptr + h)
     for t in range(0, M):
@@ -107,29 +116,54 @@ def _gdn_block_kernel(y_ptr, alpha_ptr, beta_ptr, dtb_ptr, ssma_ptr, ssm_ptr, po
         st = st * decay
         kv = tl.sum(st * k[:, None], axis=0)
         delta = beta * (v - kv)
-        st = st + k[:, None] * delta[None, :]
+        # one explicit fma: _commit_ssm_replay_kernel repeats this update from the stored inputs
+        # and must round exactly as here (left to the compiler, either product may be fused)
+        st = tl.fma(k[:, None], delta[None, :], st)
         if t < M - 1:
-            tl.store(pos_ptr + t * pos_stride + poff, st)
+            # what a partial commit replays: k (the normalised key of this head), delta, decay
+            rt = rb + t * rin_stride
+            tl.store(rt + i, k, mask=lead)
+            tl.store(rt + S + j, delta)
+            tl.store(rt + 2 * S + i, tl.zeros([S], tl.float32) + decay, mask=lead & (i == 0))
         else:
             tl.store(ssm_ptr + (1 - a) * bank_stride + off, st)
         o = tl.sum(st * q[:, None], axis=0)
         tl.store(o_ptr + t * (Hv * S) + h * S + j, o)
 
 
-def gdn_block(y, alpha, beta, dt_bias, ssm_a, ssm_buf, pos, o, status, slot, Hk, eps, BV=None):
-    """y [M, conv_dim], alpha/beta raw [M, Hv], ssm_buf [2, n_rec, Hv, S, S], pos [>= M-1, Hv,
-    S, S] (this layer's per-position states, unit inner strides) -> o [M, Hv, S]."""
+def gdn_config() -> tuple[int, int]:
+    """(value block BV, warps) of the block kernel: TIGHTFIT_GDN_BLOCK="BV,warps" (bench A/B),
+    default 32, 4."""
+    import os
+    v = os.environ.get("TIGHTFIT_GDN_BLOCK", "").strip()
+    if not v:
+        return 32, 4
+    try:
+        bv, nw = (int(x) for x in v.split(","))
+    except ValueError:
+        raise ValueError(f"TIGHTFIT_GDN_BLOCK={v!r}: expected 'BV,warps', e.g. '32,4'") from None
+    return bv, nw
+
+
+def gdn_block(y, alpha, beta, dt_bias, ssm_a, ssm_buf, rin, o, status, slot, Hk, eps, BV=None,
+              num_warps=None):
+    """y [M, conv_dim], alpha/beta raw [M, Hv], ssm_buf [2, n_rec, Hv, S, S], rin [>= M-1, Hv,
+    2S+1] (this layer's replay inputs, unit inner strides) -> o [M, Hv, S]."""
     _, _, Hv, S, _ = ssm_buf.shape
     M = y.shape[0]
-    if BV is None:
-        BV = min(S, 32)
-    _gdn_block_kernel[(Hv, S // BV)](y, alpha, beta, dt_bias, ssm_a, ssm_buf, pos, o, status,
-                                     slot, ssm_buf.stride(0), pos.stride(0), M, y.stride(0), Hv,
-                                     Hk, float(eps), float(S) ** -0.5, S=S, BV=BV, num_warps=4)
+    if BV is None or num_warps is None:
+        bv, nw = gdn_config()
+        BV = min(S, bv) if BV is None else BV
+        num_warps = nw if num_warps is None else num_warps
+    _gdn_block_kernel[(Hv, S // BV)](y, alpha, beta, dt_bias, ssm_a, ssm_buf, rin, o, status,
+                                     slot, ssm_buf.stride(0), rin.stride(0), M, y.stride(0), Hv,
+                                     Hk, float(eps), float(S) ** -0.5, S=S, BV=BV,
+                                     num_warps=num_warps)
     return o
 
 
-def gdn_block_ref(y, alpha, beta, dt_bias, ssm_a, ssm_buf, pos, o, status, slot, Hk, eps, BV=None):
+def gdn_block_ref(y, alpha, beta, dt_bias, ssm_a, ssm_buf, rin, o, status, slot, Hk, eps, BV=None,
+                  num_warps=None):
     _, _, Hv, S, _ = ssm_buf.shape
     M = y.shape[0]
     a = int(status[0])
@@ -145,10 +179,17 @@ def gdn_block_ref(y, alpha, beta, dt_bias, ssm_a, ssm_buf, pos, o, status, slot,
         qh, kh = q.repeat(r, 1), k.repeat(r, 1)
         g = F.softplus(alpha[t].reshape(-1) + dt_bias) * ssm_a
         b = torch.sigmoid(beta[t].reshape(-1))
-        st = st * torch.exp(g)[:, None, None]
+        decay = torch.exp(g)
+        st = st * decay[:, None, None]
         kv = torch.einsum("hi,hij->hj", kh, st)
-        st = st + kh[:, :, None] * (b[:, None] * (v - kv))[:, None, :]
-        (pos[t] if t < M - 1 else ssm_buf[1 - a, slot]).copy_(st)
+        delta = b[:, None] * (v - kv)
+        st = st + kh[:, :, None] * delta[:, None, :]
+        if t < M - 1:
+            rin[t, :, :S].copy_(kh)
+            rin[t, :, S:2 * S].copy_(delta)
+            rin[t, :, 2 * S].copy_(decay)
+        else:
+            ssm_buf[1 - a, slot].copy_(st)
         o[t].copy_(torch.einsum("hi,hij->hj", qh, st))
     return o
 
@@ -337,14 +378,25 @@ def _commit_conv_kernel(conv_ptr, rows_ptr, status_ptr, j, C, bank_stride, rows_
 
 
 @triton.jit
-def _commit_ssm_kernel(ssm_ptr, pos_ptr, status_ptr, n, bank_stride, pos_slot_stride, slot_elems,
-                       BLOCK: tl.constexpr):
+def _commit_ssm_replay_kernel(ssm_ptr, rin_ptr, status_ptr, j, bank_stride, rin_slot_stride,
+                              rin_t_stride, Hv, S: tl.constexpr, BI: tl.constexpr):
+    """The state after block token j-1 from the active bank's (the state before the block) and
+    the block's replay inputs: the same two roundings per token as _gdn_block_kernel."""
     slot = tl.program_id(0)
-    e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    m = e < n
+    h = tl.program_id(1)
+    i = tl.program_id(2) * BI + tl.arange(0, BI)
+    c = tl.arange(0, S)
     a = tl.load(status_ptr).to(tl.int64)
-    v = tl.load(pos_ptr + slot.to(tl.int64) * pos_slot_stride + e, mask=m)
-    tl.store(ssm_ptr + (1 - a) * bank_stride + slot.to(tl.int64) * slot_elems + e, v, mask=m)
+    off = slot.to(tl.int64) * (Hv * S * S) + h * (S * S) + i[:, None] * S + c[None, :]
+    st = tl.load(ssm_ptr + a * bank_stride + off)
+    rb = rin_ptr + slot.to(tl.int64) * rin_slot_stride + h * (2 * S + 1)
+    for t in range(0, j):
+        rt = rb + t * rin_t_stride
+        k = tl.load(rt + i)
+        delta = tl.load(rt + S + c)
+        st = st * tl.load(rt + 2 * S)
+        st = tl.fma(k[:, None], delta[None, :], st)
+    tl.store(ssm_ptr + (1 - a) * bank_stride + off, st)
 
 
 @triton.jit
@@ -357,32 +409,37 @@ def _advance_kernel(status_ptr, n_tok):
     tl.store(status_ptr + 2, tl.where(ok, pos + n_tok, pos))
 
 
-def commit_block(conv_buf, ssm_buf, conv_rows, ssm_pos, status, j: int, M: int) -> None:
-    """Keep block tokens 0..j-1: conv_rows [n_rec, >= M, C] (each layer's u rows), ssm_pos
-    [n_rec, >= M-1, Hv, S, S] (state after token t at [:, t])."""
+def commit_block(conv_buf, ssm_buf, conv_rows, ssm_in, status, j: int, M: int) -> None:
+    """Keep block tokens 0..j-1: conv_rows [n_rec, >= M, C] (each layer's u rows), ssm_in
+    [n_rec, >= M-1, Hv, 2S+1] (each layer's replay inputs: k, delta, decay after token t)."""
     n_rec, km1, C = conv_buf.shape[1:]
     BLOCK = 512
     _commit_conv_kernel[(n_rec, triton.cdiv(C, BLOCK))](conv_buf, conv_rows, status, int(j), C,
                                                          conv_buf.stride(0), conv_rows.stride(0),
                                                          KM1=km1, BLOCK=BLOCK, num_warps=4)
     if j < M:
-        src = ssm_pos[:, j - 1]
-        n = src[0].numel()
-        B2 = 4096
-        _commit_ssm_kernel[(n_rec, triton.cdiv(n, B2))](ssm_buf, src, status, n,
-                                                        ssm_buf.stride(0), src.stride(0),
-                                                        ssm_buf.stride(1), BLOCK=B2, num_warps=8)
+        Hv, S = ssm_buf.shape[2], ssm_buf.shape[3]
+        BI = min(S, 32)
+        _commit_ssm_replay_kernel[(n_rec, Hv, S // BI)](
+            ssm_buf, ssm_in, status, int(j), ssm_buf.stride(0), ssm_in.stride(0),
+            ssm_in.stride(1), Hv, S=S, BI=BI, num_warps=4)
     _advance_kernel[(1,)](status, int(j))
 
 
-def commit_block_ref(conv_buf, ssm_buf, conv_rows, ssm_pos, status, j: int, M: int) -> None:
+def commit_block_ref(conv_buf, ssm_buf, conv_rows, ssm_in, status, j: int, M: int) -> None:
     a = int(status[0])
     km1 = conv_buf.shape[2]
+    S = ssm_buf.shape[3]
     for s in range(conv_buf.shape[1]):
         hist = torch.cat([conv_buf[a, s], conv_rows[s, :M]], 0)
         conv_buf[1 - a, s].copy_(hist[j:j + km1])
         if j < M:
-            ssm_buf[1 - a, s].copy_(ssm_pos[s, j - 1])
+            st = ssm_buf[a, s].clone()
+            for t in range(j):          # the block's own update (gdn_block_ref), replayed
+                r = ssm_in[s, t]
+                st = st * r[:, 2 * S][:, None, None]
+                st = st + r[:, :S][:, :, None] * r[:, S:2 * S][:, None, :]
+            ssm_buf[1 - a, s].copy_(st)
     if int(status[1]) == 0:
         status[0] = 1 - a
         status[2] += int(j)

@@ -12,8 +12,8 @@ the rest): embedding of the M ids from the device buffer `v_ids` (tightfit.kerne
 the executor embeds on the device; else the host decodes the M rows into `v_x` before the replay,
 as the step's fallback does) -> 64 blocks: RMSNorm; Gated DeltaNet = 4 matrices at N = M columns
 (qkv straight into this layer's `v_conv_rows`), conv over the block from the active bank, the
-delta rule token after token (the state after token t < M-1 into `v_ssm_pos[layer, t]`, after the
-last token into the staging bank), gated norm, ssm_out; attention = 3 matrices, q/k norm + RoPE
+delta rule token after token (after the last token the state goes to the staging bank; for each
+earlier token t its replay inputs k, delta, decay into `v_ssm_in[layer, t]`), gated norm, ssm_out; attention = 3 matrices, q/k norm + RoPE
 and K/V rows at status[2] + t, M causal queries over the cache (single pass while p0 + M <=
 attn_decode.SINGLE_PASS_MAX, else split-K), gate, attn_output; FFN -> final norm -> LM head
 [M, V] -> a finiteness check into the block's private status word `v_status` (read by the host
@@ -24,8 +24,8 @@ Matrices go through the GEMV route of the step (gemv_route: quantize once per (i
 column count (the N <= 16 path), else the matrix's v1 layout (any N <= 16).
 
 `Block.commit(j)` keeps block tokens 0..j-1 with three small launches (block_step.commit_block:
-staging bank <- conv window after token j-1 (bank rows + u rows) and SSM state v_ssm_pos[:, j-1]
-(for j < M; j = M: already there), then bank flip + position advance on the device), nothing
+staging bank <- conv window after token j-1 (bank rows + u rows) and the SSM state after token
+j-1 replayed from the active bank and v_ssm_in[:, :j] (for j < M; j = M: already there), then bank flip + position advance on the device), nothing
 re-run; the KV rows of the rejected tokens are abandoned.
 
 Not taken (BatchForward.forward_block stays eager): row-split models (host rows mid-pass), a
@@ -34,9 +34,9 @@ buffers yet: the plan would have to price them), matrices on the torch reference
 use_triton is on. Switch: TIGHTFIT_VERIFY_GRAPH = auto (CUDA only, default) | 1 (also CPU:
 the same pass run eagerly, for tests) | 0 (off).
 
-Memory: `verify_buffers(cfg, M, ...)`; the per-position SSM states dominate: n_rec * (M-1) *
-Hv * S * S * 4 bytes (27B: 151 MB per extra token), as runtime.spec.verify.spec_state_breakdown
-prices them.
+Memory: `verify_buffers(cfg, M, ...)`; the logits [M, V] dominate. The replay inputs are n_rec *
+(M-1) * Hv * (2S + 1) * 4 bytes (27B: 2.4 MB per extra token, where per-position states took
+151 MB until session 19).
 """
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def verify_buffers(cfg: Any, m: int, ctx: int, chunk: int,
     b += [Buf("v_attn_m", (m * H, nch)), Buf("v_attn_l", (m * H, nch)),
           Buf("v_attn_acc", (m * H, nch, D))]
     b += [Buf("v_conv_rows", (n_rec, m, cfg.conv_dim)),
-          Buf("v_ssm_pos", (n_rec, max(1, m - 1), Hv, S, S))]
+          Buf("v_ssm_in", (n_rec, max(1, m - 1), Hv, 2 * S + 1))]
     width = {"xn": E, "on": cfg.value_dim, "ao": H * D, "h": cfg.n_ff}
     small = False
     from tightfit.kernels.gemv_route import is_small, split_bound
@@ -144,7 +144,7 @@ class _Views:
         for n, t in ws.items():
             if n.startswith("v_act_") or n in ("v_status", "v_gemv_part", "v_attn_m",
                                               "v_attn_l", "v_attn_acc", "v_conv_rows",
-                                              "v_ssm_pos"):
+                                              "v_ssm_in"):
                 continue
             setattr(self, n[2:], t[:M])
 
@@ -206,7 +206,7 @@ class VerifyGraph:
             self.ws[bf.name] = t
         self.status = self.ws["v_status"]
         self.conv_rows = self.ws["v_conv_rows"]
-        self.ssm_pos = self.ws["v_ssm_pos"]
+        self.ssm_in = self.ws["v_ssm_in"]
         self.attn_ws = (self.ws["v_attn_m"], self.ws["v_attn_l"], self.ws["v_attn_acc"])
         self.part = self.ws.get("v_gemv_part")
         self._views: dict[int, _Views] = {}
@@ -340,7 +340,7 @@ class VerifyGraph:
                                   (p + "ssm_alpha.weight", B.alpha)])
         self.op_conv(u, st.conv, v[p + "ssm_conv1d.weight"], B.y, st.status, slot)
         self.op_gdn(B.y, B.alpha, B.beta, v[p + "ssm_dt.bias"], v[p + "ssm_a"], st.ssm,
-                    self.ssm_pos[slot], B.o, st.status, slot, c.ssm_k_heads, c.rms_eps)
+                    self.ssm_in[slot], B.o, st.status, slot, c.ssm_k_heads, c.rms_eps)
         Hv, S = c.ssm_v_heads, c.ssm_state
         self._produce(m.op_gnorm, (B.o, B.zg.view(M, Hv, S), v[p + "ssm_norm.weight"],
                                    c.rms_eps, B.on.view(M, Hv, S)),
@@ -463,7 +463,7 @@ class VerifyGraph:
             if st.pos != p0 or self.serial != serial:
                 raise StateError("the state moved (or another block ran) since this block was run")
             with torch.no_grad():
-                self.op_commit_block(st.conv, st.ssm, self.conv_rows, self.ssm_pos, st.status,
+                self.op_commit_block(st.conv, st.ssm, self.conv_rows, self.ssm_in, st.status,
                                      int(j), M)
             st.advanced(int(j))
         return Block(B.logits, B.xn, commit)

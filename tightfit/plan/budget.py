@@ -400,8 +400,9 @@ def _fixed_lines(cfg: Qwen35Config, o: PlanOptions,
 
 def _verify_line(cfg: Qwen35Config, o: PlanOptions, inv: ModelInventory | None) -> BillLine:
     """The captured verify block of up to `batch` tokens (tightfit.model.verify_graph): every
-    buffer it carves, ONE list with the runtime (verify_buffers), as an arena region. The
-    per-position recurrent states dominate: n_gdn_layers x (batch - 1) x Hv x S x S x 4 B."""
+    buffer it carves, ONE list with the runtime (verify_buffers), as an arena region. The logits
+    [batch, V] dominate; a partial accept replays the recurrent state from 2S + 1 floats per head
+    and token (n_gdn_layers x (batch - 1) x Hv x (2S + 1) x 4 B)."""
     from tightfit.model.verify_graph import MAX_M, plan_layouts, verify_buffers
     mats = []
     if inv is not None:
@@ -413,8 +414,8 @@ def _verify_line(cfg: Qwen35Config, o: PlanOptions, inv: ModelInventory | None) 
     return BillLine("verify", f"Speculative verify block ({m} tokens, captured)",
                     sum(by.values()),
                     "verify_buffers(batch): activations, logits [batch, V], attention partials, "
-                    "conv rows, per-position SSM states n_gdn x (batch-1) x Hv x S x S x 4",
-                    {"tokens": m, "ssm_states": by.get("v_ssm_pos", 0),
+                    "conv rows, SSM replay inputs n_gdn x (batch-1) x Hv x (2S+1) x 4",
+                    {"tokens": m, "ssm_replay": by.get("v_ssm_in", 0),
                      "logits": by.get("v_logits", 0)}, region=packed)
 
 
