@@ -161,3 +161,30 @@ def test_add_rmsnorm_packed_pairs(rows, n, delta):
     with pytest.raises(ValueError, match="bf16 buffer"):
         N.add_rmsnorm(x.clone(), dl, w, 1e-6, torch.empty_like(x),
                       quant_out=(torch.empty(rows, n, device=DEV),), quant_layout=N.PACK_LAYOUT)
+
+
+@pytest.mark.parametrize("layout", [0, 1])
+def test_add_rmsnorm_int8_and_packed_pairs_together(layout):
+    """pack_out beside quant_out: the int8 copy exactly as alone, and the pairs exactly as alone
+    (one launch writes both, for an input whose consumers want both)."""
+    rows, n = 5, 5120
+    g = torch.Generator().manual_seed(40 + layout)
+    x = _rand((rows, n), g, 3.0)
+    dl = _rand((rows, n), g)
+    w = torch.randn(n, generator=g).to(DEV)
+    o_u = torch.empty_like(x)
+    N.add_rmsnorm(x.clone(), dl, w, 1e-6, o_u)
+    want_q = _unfused_quant(o_u, rows, n, layout)
+    got_q = _bufs(rows, n)
+    pk = torch.full((rows, n), 77.0, dtype=torch.bfloat16, device=DEV)
+    o_f = torch.empty_like(x)
+    N.add_rmsnorm(x.clone(), dl, w, 1e-6, o_f, quant_out=got_q, quant_layout=layout, pack_out=pk)
+    assert torch.equal(o_f.cpu(), o_u.cpu())
+    _same(got_q, want_q)
+    assert torch.equal(pk.cpu(), _pairs_oracle(o_u, rows, n))
+    ref_q, ref_pk = _bufs(rows, n), torch.zeros_like(pk)
+    N.add_rmsnorm_ref(x.clone(), dl, w, 1e-6, torch.empty_like(x), quant_out=ref_q,
+                      quant_layout=layout, pack_out=ref_pk)
+    assert (ref_q[0].cpu().float() - got_q[0].cpu().float()).abs().max() <= 1
+    want = _pairs_oracle(o_u, rows, n).float()
+    assert (ref_pk.cpu().float() - want).abs().max() <= 2 ** -7 * want.abs().max()

@@ -124,9 +124,10 @@ def _quant_ref(out: torch.Tensor, quant_out, quant_layout: int, k: int) -> None:
 
 # ---- RMSNorm with residual add ----------------------------------------------------------------
 @triton.jit
-def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, inv_ptr, n, eps,
-                        HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, QUANT: tl.constexpr,
-                        LAYOUT: tl.constexpr, PDL: tl.constexpr = False):
+def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, inv_ptr, pk_ptr, n,
+                        eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, QUANT: tl.constexpr,
+                        LAYOUT: tl.constexpr, PACK: tl.constexpr = False,
+                        PDL: tl.constexpr = False):
     row = tl.program_id(0)
     if PDL:          # x / delta come from the previous kernels
         gdc_wait()
@@ -156,6 +157,8 @@ def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, inv
             y = x * r * w
             tl.store(out_ptr + base + offs, y, mask=bm[:, None])
             _quant_tile(y, row * nblk + lb, bm, q_ptr, qd_ptr, qs_ptr, inv_ptr, LAYOUT)
+            if PACK:     # pack_out: the bf16 pairs too, beside the int8 copy
+                _quant_tile(y, row * nblk + lb, bm, pk_ptr, qd_ptr, qs_ptr, inv_ptr, 300)
     else:
         for s in range(0, n, BLOCK):
             offs = s + tl.arange(0, BLOCK)
@@ -166,31 +169,42 @@ def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, inv
 
 
 def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float,
-                out: torch.Tensor, quant_out=None, quant_layout: int = 0) -> torch.Tensor:
+                out: torch.Tensor, quant_out=None, quant_layout: int = 0,
+                pack_out: torch.Tensor | None = None) -> torch.Tensor:
     """x [rows, n] fp32 (updated in place when delta is given), w [n] fp32 -> out [rows, n];
-    with quant_out=(q, d, s16) also out quantized as quantize_act(out, quant_layout) would."""
+    with quant_out=(q, d, s16) also out quantized as quantize_act(out, quant_layout) would; with
+    pack_out (bf16 of out's size) also out as bf16 pairs (PACK_LAYOUT's), alone or beside q."""
     n = x.shape[-1]
     rows = x.numel() // n
+    if pack_out is not None and quant_out is None:
+        quant_out, quant_layout, pack_out = (pack_out,), PACK_LAYOUT, None
     q, qd, qs, inv, quant, lay = _quant_args(quant_out, quant_layout, out, n)
+    pk = out
+    if pack_out is not None:
+        pk = _quant_args((pack_out,), PACK_LAYOUT, out, n)[0]
     # a 5120-wide row in ONE tile (8 warps, 32 floats per thread): each pass is one round trip
     # to memory instead of three (the H200 step profile measured 5.9 us per call with 2048-wide
     # tiles, 129 calls per token)
     BLOCK = min(8192, triton.next_power_of_2(n))
     on = pdl.enabled(x.device)
     _add_rmsnorm_kernel[(rows,)](x, delta if delta is not None else x, w, out, q, qd, qs, inv,
-                                 n, float(eps), HAS_DELTA=delta is not None, BLOCK=BLOCK,
-                                 QUANT=quant, LAYOUT=lay, PDL=on, launch_pdl=on,
+                                 pk, n, float(eps), HAS_DELTA=delta is not None, BLOCK=BLOCK,
+                                 QUANT=quant, LAYOUT=lay, PACK=pack_out is not None, PDL=on,
+                                 launch_pdl=on,
                                  num_warps=8 if BLOCK >= 4096 else 4)
     return out
 
 
 def add_rmsnorm_ref(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float,
-                    out: torch.Tensor, quant_out=None, quant_layout: int = 0) -> torch.Tensor:
+                    out: torch.Tensor, quant_out=None, quant_layout: int = 0,
+                    pack_out: torch.Tensor | None = None) -> torch.Tensor:
     if delta is not None:
         x.add_(delta)
     ms = x.to(torch.float64).pow(2).mean(-1, keepdim=True)
     out.copy_(x * torch.rsqrt(ms + eps).to(x.dtype) * w.to(x.dtype))
     _quant_ref(out, quant_out, quant_layout, x.shape[-1])
+    if pack_out is not None:
+        _quant_ref(out, (pack_out,), PACK_LAYOUT, x.shape[-1])
     return out
 
 

@@ -113,7 +113,7 @@ def verify_buffers(cfg: Any, m: int, ctx: int, chunk: int,
     n_rec = max(1, len(cfg.recurrent_ids))
     b = [Buf("v_ids", (m,), "i64"), Buf("v_status", (4,), "i32")]
     b += [Buf(f"v_{n}", (m, E)) for n in ("x", "xn", "mix", "ffo")]
-    b.append(Buf("v_xpk", (m, E // 2), "i32"))     # the FFN input as bf16 pairs (_ffn_packed)
+    b.append(Buf("v_xpk", (m, E // 2), "i32"))     # a norm's output as bf16 pairs (_pack_wanted)
     b += [Buf("v_y", (m, cfg.conv_dim)), Buf("v_zg", (m, cfg.value_dim)), Buf("v_o", (m, Hv, S)),
           Buf("v_on", (m, cfg.value_dim)), Buf("v_alpha", (m, Hv)), Buf("v_beta", (m, Hv)),
           Buf("v_qg", (m, 2 * H * D)), Buf("v_kk", (m, cfg.kv_dim)), Buf("v_vv", (m, cfg.kv_dim)),
@@ -212,6 +212,7 @@ class VerifyGraph:
         self._views: dict[int, _Views] = {}
         self._acts: dict[tuple[int, str, int], Any] = {}
         self._fresh: set = set()   # (M, input, layout) whose int8 copy its producer just wrote
+        self._packed: set = set()  # (M, input) whose bf16 pairs (v_xpk) its producer just wrote
         self._graphs: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
         self.serial = 0            # passes run; a Block commits only the latest one
         self.replays = 0           # graph replays (tests, bench)
@@ -267,14 +268,40 @@ class VerifyGraph:
         0-3, or the CUDA layout 200 = layout 0's buffers), as the step does (executor
         `_produce`): the block then skips that separate quantize launch (241 of 257 per pass; on
         the H200 inside the captured graph they cost only ~0.04 ms of 16.1 at M = 5, session 9).
-        TIGHTFIT_FUSE_QUANT=0 (the model's fuse_quant) turns it off."""
-        lay = self._fusable(names, x.shape[-1])
-        if lay is None:
-            op(*args)
-            return
-        qa = self._act(M, inp, lay, x.shape[-1])
-        op(*args, quant_out=(qa.q, qa.d, qa.s16), quant_layout=qa.layout)
-        self._fresh.add((M, inp, lay))
+        TIGHTFIT_FUSE_QUANT=0 (the model's fuse_quant) turns it off. The matrices that gemv_mmh
+        takes read x as bf16 pairs instead, which the norm writes beside (or instead of) the int8
+        copy where _pack_wanted says so."""
+        pack = self._pack_wanted(op, x, M, names)
+        lay = self._fusable([n for n in names if n not in pack], x.shape[-1])
+        kw: dict = {}
+        if lay is not None:
+            qa = self._act(M, inp, lay, x.shape[-1])
+            kw.update(quant_out=(qa.q, qa.d, qa.s16), quant_layout=qa.layout)
+            self._fresh.add((M, inp, lay))
+        if pack:
+            kw["pack_out"] = self.views(M).xpk.view(torch.bfloat16)
+            self._packed.add((M, inp))
+        op(*args, **kw)
+
+    def _pack_wanted(self, op, x: torch.Tensor, M: int, names) -> set:
+        """The matrices of `names` that take gemv_mmh's kind "foldp" on x packed by the producer:
+        those gemv_mmh takes (IQ4_XS, wide, 4..8 columns), when the producer is the Triton norm
+        (it writes the pairs in the same pass) and x fits the pack buffer (the model's width).
+        Measured on the H200 (session 18, bench/mmh.py): 5120 -> 17408 at N = 5 26.6 us against
+        29.4 for the fp32-x "table" kind, 5120 -> 10240 17.7 against 19.5.
+        TIGHTFIT_MMH_PACK=0 (or TIGHTFIT_FUSE_QUANT=0) keeps the table kind."""
+        if os.environ.get("TIGHTFIT_MMH_PACK", "1").strip().lower() in ("0", "off", "no", "false"):
+            return set()
+        if (op is not self.m.op_norm or not getattr(self.m, "fuse_quant", False)
+                or not self.m.use_triton or x.shape[-1] != self.c.n_embd or self.c.n_embd % 32):
+            return set()
+        from tightfit.kernels.gemv_route import mmh_routed
+        out = set()
+        for n in names:
+            L = self.m.lin.get(n)
+            if L is not None and L.kind == "quant" and mmh_routed(L.qtype, M, L.raw, L.n_in * L.n_out):
+                out.add(n)
+        return out
 
     def _fusable(self, names, k: int) -> int | None:
         if not getattr(self.m, "fuse_quant", False) or k % 32:
@@ -286,23 +313,6 @@ class VerifyGraph:
                 return lay
         return None
 
-    def _ffn_packed(self, M: int, names) -> bool:
-        """Whether gate and up take gemv_mmh's kind "foldp": both routed to gemv_mmh (IQ4_XS, wide,
-        4..8 columns), the norm a Triton kernel that writes their shared input as bf16 pairs
-        (norm.PACK_LAYOUT) instead of an int8 copy. Measured on the H200 (session 18, bench/mmh.py):
-        5120 -> 17408 at N = 5 26.8 us against 29.7 for the fp32-x "table" kind.
-        TIGHTFIT_MMH_PACK=0 (or TIGHTFIT_FUSE_QUANT=0) keeps the table kind."""
-        if os.environ.get("TIGHTFIT_MMH_PACK", "1").strip().lower() in ("0", "off", "no", "false"):
-            return False
-        if not getattr(self.m, "fuse_quant", False) or not self.m.use_triton or self.c.n_embd % 32:
-            return False
-        from tightfit.kernels.gemv_route import mmh_routed
-        for n in names:
-            L = self.m.lin.get(n)
-            if L is None or L.kind != "quant" or not mmh_routed(L.qtype, M, L.raw, L.n_in * L.n_out):
-                return False
-        return True
-
     def _lin(self, x: torch.Tensor, inp: str, M: int, pairs) -> None:
         acts: dict = {}
         for name, out in pairs:
@@ -310,8 +320,11 @@ class VerifyGraph:
             if L.kind == "quant":
                 from tightfit.kernels.gemv_route import gemv_act, quantize_into, mmh_input, mmh_routed
                 if mmh_input(x) and mmh_routed(L.qtype, M, L.raw, x.shape[1] * L.n_out):
-                    from tightfit.kernels.gemv_mmh import gemv_mmh      # fp32 x, no quantization
-                    gemv_mmh(x, L.raw, L.qtype, L.n_out, out)
+                    from tightfit.kernels.gemv_mmh import gemv_mmh      # no int8 quantization
+                    if (M, inp) in self._packed:                        # the producer's pairs
+                        gemv_mmh(self.views(M).xpk, L.raw, L.qtype, L.n_out, out, kind="foldp")
+                    else:                                               # fp32 x
+                        gemv_mmh(x, L.raw, L.qtype, L.n_out, out)
                     continue
                 lay = self.layout[name]
                 if lay not in acts and (M, inp, lay) in self._fresh:   # written by its producer
@@ -325,9 +338,10 @@ class VerifyGraph:
                 gm.gemv(x, L.raw, L.qtype, L.n_out, L.n_in, out=out)
             else:
                 L.ref(x, out)
-        # a producer's quantized copy of this input that only gemv_mmh consumers skipped must not
-        # pass for the NEXT producer's output of the same buffer
+        # a producer's quantized copy / pairs of this input must not pass for the NEXT producer's
+        # output of the same buffer
         self._fresh = {f for f in self._fresh if f[:2] != (M, inp)}
+        self._packed.discard((M, inp))
 
     # ---- the pass -----------------------------------------------------------------------------
     def _gdn(self, il: int, st: Any, B: _Views, M: int) -> None:
@@ -371,6 +385,7 @@ class VerifyGraph:
             fn(B.ids, raw, int(m._embd_info.qtype), c.n_embd, out=B.x)
         self.status.zero_()
         self._fresh.clear()
+        self._packed.clear()
         for il in range(c.n_layer):
             p = f"blk.{il}."
             first = ([p + "attn_qkv.weight", p + "attn_gate.weight"] if c.is_recurrent(il)
@@ -382,18 +397,9 @@ class VerifyGraph:
             else:
                 self._attention(il, st, B, M, mode)
             ffn = [p + "ffn_gate.weight", p + "ffn_up.weight"]
-            if self._ffn_packed(M, ffn):
-                from tightfit.kernels.gemv_mmh import gemv_mmh
-                from tightfit.kernels.norm import PACK_LAYOUT
-                m.op_norm(B.x, B.mix, v[p + "post_attention_norm.weight"], eps, B.xn,
-                          quant_out=(B.xpk.view(torch.bfloat16),), quant_layout=PACK_LAYOUT)
-                for name, out in ((ffn[0], B.g), (ffn[1], B.up)):
-                    L = m.lin[name]
-                    gemv_mmh(B.xpk, L.raw, L.qtype, L.n_out, out, kind="foldp")
-            else:
-                self._produce(m.op_norm, (B.x, B.mix, v[p + "post_attention_norm.weight"], eps,
-                                          B.xn), B.xn, "xn", M, ffn)
-                self._lin(B.xn, "xn", M, [(ffn[0], B.g), (ffn[1], B.up)])
+            self._produce(m.op_norm, (B.x, B.mix, v[p + "post_attention_norm.weight"], eps, B.xn),
+                          B.xn, "xn", M, ffn)
+            self._lin(B.xn, "xn", M, [(ffn[0], B.g), (ffn[1], B.up)])
             self._produce(m.op_swiglu, (B.g, B.up, B.h), B.h, "h", M, [p + "ffn_down.weight"])
             self._lin(B.h, "h", M, [(p + "ffn_down.weight", B.ffo)])
         self._produce(m.op_norm, (B.x, B.ffo, v["output_norm.weight"], eps, B.xn), B.xn, "xn", M,
