@@ -359,14 +359,17 @@ def small_iq4(tmp_path_factory):
     mf.close()
 
 
-def test_ffn_gate_up_read_the_norms_bf16_pairs(small_iq4, monkeypatch):
-    """Where the FFN's gate and up both go to gemv_mmh, the post-attention norm writes their input
-    as bf16 pairs (norm.PACK_LAYOUT, v_xpk) and both read those with kind "foldp": the pairs are
-    xpack of the norm's float output bit for bit, every other product keeps its path, and the
-    logits agree with TIGHTFIT_MMH_PACK=0 (fp32 x, "table" kind) to the folded weights' bf16
-    rounding. The route is forced (the small model's matrices are below gemv_mmh's size bound) and
-    the kernel is its reference here (tests/test_gemv_mmh*.py check kernel against reference); the
-    norm is the real Triton kernel (interpreted on the CPU, compiled on a GPU)."""
+@pytest.mark.parametrize("which", ["ffn", "qkv"])
+def test_gemv_mmh_inputs_are_the_norms_bf16_pairs(small_iq4, monkeypatch, which):
+    """Where matrices go to gemv_mmh, the norm that writes their input also writes it as bf16
+    pairs (norm.PACK_LAYOUT, v_xpk) and they read those with kind "foldp": the FFN's gate and up
+    (the norm writes only the pairs), or the GDN's qkv alone (the pairs beside the int8 copy that
+    attn_gate, beta and alpha read). The pairs are xpack of the norm's float output bit for bit,
+    every other product keeps its path, and the logits agree with TIGHTFIT_MMH_PACK=0 (fp32 x,
+    "table" kind) to the folded weights' bf16 rounding. The route is forced (the small model's
+    matrices are below gemv_mmh's size bound) and the kernel is its reference here
+    (tests/test_gemv_mmh*.py check kernel against reference); the norm is the real Triton kernel
+    (interpreted on the CPU, compiled on a GPU)."""
     dev = "cpu" if INTERP else "cuda"
     if not INTERP and not torch.cuda.is_available():
         pytest.skip("needs TRITON_INTERPRET=1 or CUDA")
@@ -376,7 +379,12 @@ def test_ffn_gate_up_read_the_norms_bf16_pairs(small_iq4, monkeypatch):
     if INTERP:       # the other products as torch products (on a GPU: the real kernels)
         monkeypatch.setattr(gemv_route, "gemv_act", _torch_gemv_act())
     holder: dict = {}
-    ffn = {f"blk.{il}.ffn_{w}.weight" for il in range(small_iq4.config.n_layer) for w in ("gate", "up")}
+    cfg = small_iq4.config
+    if which == "ffn":
+        mats = {f"blk.{il}.ffn_{w}.weight" for il in range(cfg.n_layer) for w in ("gate", "up")}
+    else:
+        mats = {f"blk.{il}.attn_qkv.weight" for il in range(cfg.n_layer) if cfg.is_recurrent(il)}
+        assert mats
     by_ptr: dict = {}
     calls = []
 
@@ -405,8 +413,8 @@ def test_ffn_gate_up_read_the_norms_bf16_pairs(small_iq4, monkeypatch):
         monkeypatch.setenv("TIGHTFIT_MMH_PACK", pack)
         exe = _exe(small_iq4, True, device=dev)
         by_ptr.clear()
-        by_ptr.update({exe.lin[n].raw.data_ptr(): n for n in ffn if exe.lin[n].qtype == 23})
-        assert len(by_ptr) == len(ffn)
+        by_ptr.update({exe.lin[n].raw.data_ptr(): n for n in mats if exe.lin[n].qtype == 23})
+        assert len(by_ptr) == len(mats)
         st = exe.new_state(128)
         exe.forward(prompt, st, logits="none")
         vg = holder["vg"] = VG.VerifyGraph(exe, 4)
@@ -414,7 +422,7 @@ def test_ffn_gate_up_read_the_norms_bf16_pairs(small_iq4, monkeypatch):
         with torch.no_grad():
             vg._pass(st, 4, "single")
         got[pack] = vg.views(4).logits.clone()
-        assert {c[0] for c in calls} == ffn                    # gate and up, nothing else
+        assert {c[0] for c in calls} == mats                    # gate and up, nothing else
         kinds = {c[1] for c in calls}
         assert kinds == ({"foldp"} if pack == "1" else {None})
         if pack == "1":               # each layer's pairs = xpack of the norm's float output

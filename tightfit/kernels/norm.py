@@ -53,9 +53,15 @@ def _quant_tile(y, b, bm, q_ptr, qd_ptr, qs_ptr, inv_ptr, LAYOUT: tl.constexpr):
         # round to nearest even by hand: Triton's interpreter truncates in .to(tl.bfloat16), and
         # the CPU tests must see the device's rounding
         u = y.to(tl.uint32, bitcast=True)
-        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-        tl.store(q_ptr + b[:, None] * 32 + (2 * (e % 16) + e // 16)[None, :],
-                 r.to(tl.int32).to(tl.int16), mask=bm[:, None])
+        r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.int32)
+        # pair p = (element p, element p + 16) as one 32-bit word, words stored contiguously: the
+        # element-wise 2-byte stores to permuted slots made the norm 5.0 -> 8.6 us (session 18)
+        R: tl.constexpr = y.shape[0]
+        lo, hi = tl.split(tl.permute(tl.reshape(r, (R, 2, 16)), (0, 2, 1)))
+        w = (lo & 0xFFFF) | (hi << 16)
+        p = tl.arange(0, 16)
+        tl.store(q_ptr.to(tl.pointer_type(tl.int32)) + b[:, None] * 16 + p[None, :], w,
+                 mask=bm[:, None])
     else:
         amax = tl.max(tl.abs(y), axis=1)
         d = amax / 127.0
