@@ -148,9 +148,23 @@ def run_one(gen, ids, max_tokens, device, state=None):
     kw = {} if state is None else {"state": state, "n_past": 0}
     if state is not None:
         state.reset()
+    prof = os.environ.get("TIGHTFIT_BENCH_PROFILE")    # a file: the host's time per function
+    if prof:
+        import cProfile
+        import io
+        import pstats
+        pr = cProfile.Profile()
+        pr.enable()
     for ev in gen(ids, max_tokens=max_tokens, sampling=GREEDY, **kw):
         last = ev
     sync(device)
+    if prof:
+        pr.disable()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(30)
+        with open(prof, "a") as f:
+            f.write(f"==== {getattr(gen, '__self__', gen).__class__.__name__} "
+                    f"{len(ids)} prompt tokens, {max_tokens} new\n{buf.getvalue()}")
     tm = last.timings
     tps = tm.predicted_n / (tm.predicted_ms / 1000.0) if tm.predicted_ms else 0.0
     return last, tps

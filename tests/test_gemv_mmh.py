@@ -152,6 +152,8 @@ def test_route_only_iq4_xs_wide_matrices_4_to_8_columns(monkeypatch):
     assert not R.mmh_routed(IQ4_XS, 1, FakeCuda, ffn)          # the decode step: gemv_cuda
     assert not R.mmh_routed(IQ4_XS, 9, FakeCuda, ffn)          # past the kernel's 8 columns
     assert not R.mmh_routed(IQ4_XS, 5, FakeCuda, 5120 * 6144)  # measured slower there
+    assert R.mmh_routed(IQ4_XS, 5, FakeCuda, 5120 * 6144, packed=True)   # foldp: faster there
+    assert not R.mmh_routed(IQ4_XS, 5, FakeCuda, 5120 * 1024, packed=True)
     assert not R.mmh_routed(IQ4_XS, 5, FakeCuda, None)
     assert not R.mmh_routed(13, 5, FakeCuda, ffn)              # Q5_K: no table decoder
     assert not R.mmh_routed(IQ4_XS, 5, torch.zeros(16, dtype=torch.uint8), ffn)   # CPU

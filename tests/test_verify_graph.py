@@ -388,7 +388,7 @@ def test_gemv_mmh_inputs_are_the_norms_bf16_pairs(small_iq4, monkeypatch, which)
     by_ptr: dict = {}
     calls = []
 
-    def routed(qtype, n, w, weights):
+    def routed(qtype, n, w, weights, packed=False):
         return int(qtype) == 23 and 4 <= int(n) <= 8 and w.data_ptr() in by_ptr
 
     def fake(x, w, qtype, n_out, out, rt=None, kind=None):

@@ -85,7 +85,10 @@ def conv_block_ref(u, conv_buf, w, y, status, slot):
 
 
 # ---- gated delta rule, token after token ----------------------------------------------------------
-@triton.jit
+# M is not specialised: a 1-token block must run the same binary as a longer one, whose first
+# update a partial commit of j = 1 replays bitwise (Triton compiles an int argument equal to 1 as a
+# constant, which unrolled the loop and changed its roundings: 3e-8 on the H200, session 19)
+@triton.jit(do_not_specialize=["M"])
 def _gdn_block_kernel(y_ptr, alpha_ptr, beta_ptr, dtb_ptr, ssma_ptr, ssm_ptr, rin_ptr, o_ptr,
                       status_ptr, slot, bank_stride, rin_stride, M, CY, Hv, Hk, eps, q_scale,
                       S: tl.constexpr, BV: tl.constexpr):
@@ -377,7 +380,7 @@ def _commit_conv_kernel(conv_ptr, rows_ptr, status_ptr, j, C, bank_stride, rows_
         tl.store(dst + rr * C + c, tl.where(r < 0, hs, hu), mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["j"])
 def _commit_ssm_replay_kernel(ssm_ptr, rin_ptr, status_ptr, j, bank_stride, rin_slot_stride,
                               rin_t_stride, Hv, S: tl.constexpr, BI: tl.constexpr):
     """The state after block token j-1 from the active bank's (the state before the block) and

@@ -248,22 +248,29 @@ def mma_routed(qtype: int, n: int, w: torch.Tensor, weights: int | None = None) 
 # below gemv_cuda; but N = 3 only ties, 5120->6144 and smaller lose, and at N = 1 it takes 1.5x
 # gemv_cuda (26 against 18 us). The 27B's verify block at M = 5: 13.49 ms against 13.92 without it
 # (same machine, bench/verify_profile.py). TIGHTFIT_GEMV_MMH=0 turns it off.
+# With x packed by its producer (kind "foldp", session 18) the bound is lower: 5120->6144 at N = 5
+# 12.6 us against the table kind's 14.4 and gemv_cuda's 14.8 (session 19, bench/mmh.py; 15.4 us per
+# GDN attn_gate in the 27B's verify block).
 MMH_MIN_N = 4
 MMH_MIN_WEIGHTS = 40 << 20
+MMH_MIN_WEIGHTS_PACKED = 24 << 20
 
 
 def _mmh_on() -> bool:
     return os.environ.get("TIGHTFIT_GEMV_MMH", "1").strip() not in ("", "0", "off", "false", "no")
 
 
-def mmh_routed(qtype: int, n: int, w: torch.Tensor, weights: int | None) -> bool:
+def mmh_routed(qtype: int, n: int, w: torch.Tensor, weights: int | None,
+               packed: bool = False) -> bool:
     """Whether an N-column product of a matrix of `weights` = n_in * n_out weights runs on gemv_mmh
-    (given fp32 activations): switch on, IQ4_XS, MMH_MIN_N <= N <= 8, a wide matrix, weights
+    (given fp32 activations, or with `packed` the bf16 pairs its producer wrote): switch on,
+    IQ4_XS, MMH_MIN_N <= N <= 8, a wide matrix (MMH_MIN_WEIGHTS, MMH_MIN_WEIGHTS_PACKED), weights
     16-byte aligned on an sm_80+ CUDA device (bf16 mma.sync) with cupy."""
     from tightfit.kernels import gemv_mmh
     if not _mmh_on() or not gemv_mmh.supported(qtype) or not MMH_MIN_N <= int(n) <= gemv_mmh.MAX_N:
         return False
-    if weights is None or int(weights) < MMH_MIN_WEIGHTS or not w.is_cuda or w.data_ptr() % 16:
+    bound = MMH_MIN_WEIGHTS_PACKED if packed else MMH_MIN_WEIGHTS
+    if weights is None or int(weights) < bound or not w.is_cuda or w.data_ptr() % 16:
         return False
     from tightfit.kernels import gemv_mma
     return gemv_mmh.available() and gemv_mma.capable(

@@ -299,7 +299,8 @@ class VerifyGraph:
         out = set()
         for n in names:
             L = self.m.lin.get(n)
-            if L is not None and L.kind == "quant" and mmh_routed(L.qtype, M, L.raw, L.n_in * L.n_out):
+            if (L is not None and L.kind == "quant"
+                    and mmh_routed(L.qtype, M, L.raw, L.n_in * L.n_out, packed=True)):
                 out.add(n)
         return out
 
@@ -319,9 +320,10 @@ class VerifyGraph:
             L = self.m.lin[name]
             if L.kind == "quant":
                 from tightfit.kernels.gemv_route import gemv_act, quantize_into, mmh_input, mmh_routed
-                if mmh_input(x) and mmh_routed(L.qtype, M, L.raw, x.shape[1] * L.n_out):
+                packed = (M, inp) in self._packed                   # the producer's pairs
+                if mmh_input(x) and mmh_routed(L.qtype, M, L.raw, x.shape[1] * L.n_out, packed):
                     from tightfit.kernels.gemv_mmh import gemv_mmh      # no int8 quantization
-                    if (M, inp) in self._packed:                        # the producer's pairs
+                    if packed:
                         gemv_mmh(self.views(M).xpk, L.raw, L.qtype, L.n_out, out, kind="foldp")
                     else:                                               # fp32 x
                         gemv_mmh(x, L.raw, L.qtype, L.n_out, out)
