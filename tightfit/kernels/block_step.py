@@ -135,12 +135,15 @@ def _gdn_block_kernel(y_ptr, alpha_ptr, beta_ptr, dtb_ptr, ssma_ptr, ssm_ptr, ri
 
 
 def gdn_config() -> tuple[int, int]:
-    """(value block BV, warps) of the block kernel: TIGHTFIT_GDN_BLOCK="BV,warps" (bench A/B),
-    default 32, 4."""
+    """(value block BV, warps) of the block kernel: TIGHTFIT_GDN_BLOCK="BV,warps" (bench A/B).
+    Default 8, 1: one warp per 8 value columns, so the two reductions over the key axis per token
+    stay inside a warp. The 27B's shapes on the H200 (bench/gdn_block.py, session 19), us per layer
+    at M = 5 / 1: 8,1 10.6 / 5.2; 16,2 11.2 / 4.7; 32,4 (until then) 11.8 / 4.9; 64,4 12.7 / 5.2;
+    32,8 16.3 / 5.9. The block is M >= 2 but for rare one-token verifies."""
     import os
     v = os.environ.get("TIGHTFIT_GDN_BLOCK", "").strip()
     if not v:
-        return 32, 4
+        return 8, 1
     try:
         bv, nw = (int(x) for x in v.split(","))
     except ValueError:
