@@ -117,3 +117,28 @@ def test_kernels_match_references(M):
     BS.conv_block(a["rows"][1, :M], a["conv"], w, ya, st, 1)
     BS.conv_block_ref(a["rows"][1, :M], a["conv"], w, yb, st, 1)
     torch.testing.assert_close(ya, yb, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("V", [1000, 4096 * 3 + 17])
+def test_argmax_rows_first_index_and_status_words(V):
+    """The verify block's in-graph argmax against torch.argmax (first index of the max on ties,
+    maxima placed in different first-stage blocks), and the status words it copies beside."""
+    impls = [BS.argmax_rows_ref] + ([BS.argmax_rows] if INTERP or DEV == "cuda" else [])
+    g = torch.Generator().manual_seed(V)
+    M = 5
+    x = torch.randn(M, V, generator=g)
+    x[1, [3, V - 1]] = 9.0                          # a tie: the first index wins
+    x[2, [V // 2, 7]] = 11.0
+    x[3, :] = -2.0                                  # all equal: index 0
+    x = x.to(DEV)
+    vs = torch.tensor([0, 1, 0, 0], dtype=torch.int32, device=DEV)
+    ss = torch.tensor([1, 0, 42, 0], dtype=torch.int32, device=DEV)
+    nb = BS.argmax_parts(V)
+    for f in impls:
+        out = torch.full((M + 3,), -1, dtype=torch.int64, device=DEV)
+        f(x, torch.empty(M * nb, device=DEV), torch.empty(M * nb, dtype=torch.int32, device=DEV),
+          out, vs, ss)
+        got = out.tolist()
+        assert got[:M] == torch.argmax(x, dim=-1).tolist()
+        assert got[1] == 3 and got[2] == 7 and got[3] == 0
+        assert got[M:] == [1, 0, 42]

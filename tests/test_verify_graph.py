@@ -127,6 +127,24 @@ def test_split_attention_mode(tiny, monkeypatch):
     assert st.pos == 15
 
 
+def test_block_reads_argmaxes_and_status_once(tiny):
+    """The captured block hands over each row's argmax (taken in the pass, torch.argmax's first
+    index) and checks the state's status words with that same read: a state whose sticky
+    non-finite flag is set raises NonFiniteError as the sync before the block used to."""
+    from tightfit.runtime.state import NonFiniteError
+    exe = _exe(tiny)
+    exe.batcher().use_verify_graph = True
+    st = exe.new_state(128)
+    exe.forward(_prompt(tiny, 6, 3), st, logits="none")
+    g = exe.forward_block(_prompt(tiny, 4, 4), st)
+    assert g.argmaxes() == torch.argmax(g.logits, dim=-1).tolist()
+    g.commit(1)
+    st.status[1] = 1                                  # a step left non-finite values behind
+    with pytest.raises(NonFiniteError):
+        exe.forward_block(_prompt(tiny, 3, 5), st)
+    assert st.pos == 7 and int(st.status[1]) == 0     # as sync() leaves it
+
+
 def test_stale_block_cannot_commit(tiny):
     from tightfit.runtime.state import StateError
     exe = _exe(tiny)

@@ -451,6 +451,63 @@ def commit_block_ref(conv_buf, ssm_buf, conv_rows, ssm_in, status, j: int, M: in
         status[2] += int(j)
 
 
-__all__ = ["conv_block", "conv_block_ref", "gdn_block", "gdn_block_ref", "qk_prep_block",
+# ---- each row's argmax and the words the host reads after the block ---------------------------------
+AM_BLOCK = 4096          # logits per first-stage program (the 27B's 248,320: 61 programs a row)
+
+
+def argmax_parts(n_vocab: int) -> int:
+    return -(-int(n_vocab) // AM_BLOCK)
+
+
+@triton.jit
+def _argmax_rows_stage1(x_ptr, V, val_ptr, idx_ptr, NB, BLOCK: tl.constexpr):
+    """Program (b, r): the max of row r's logits [b*BLOCK, (b+1)*BLOCK) and its first index."""
+    b = tl.program_id(0)
+    r = tl.program_id(1)
+    offs = b * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + r.to(tl.int64) * V + offs, mask=offs < V, other=float("-inf"))
+    m = tl.max(v, axis=0)
+    i = tl.min(tl.where(v == m, offs, V), axis=0)
+    tl.store(val_ptr + r * NB + b, m)
+    tl.store(idx_ptr + r * NB + b, i)
+
+
+@triton.jit
+def _argmax_rows_stage2(val_ptr, idx_ptr, NB, V, out_ptr, vstat_ptr, sstat_ptr, M,
+                        NBP: tl.constexpr):
+    """out[r] = the first index of row r's max; program 0 also copies the block's non-finite flag
+    and the state's status words 1, 2 (its sticky flag, its position) to out[M .. M+2]."""
+    r = tl.program_id(0)
+    offs = tl.arange(0, NBP)
+    v = tl.load(val_ptr + r * NB + offs, mask=offs < NB, other=float("-inf"))
+    i = tl.load(idx_ptr + r * NB + offs, mask=offs < NB, other=V)
+    m = tl.max(v, axis=0)
+    tl.store(out_ptr + r, tl.min(tl.where(v == m, i, V), axis=0).to(tl.int64))
+    if r == 0:
+        tl.store(out_ptr + M, tl.load(vstat_ptr + 1).to(tl.int64))
+        tl.store(out_ptr + M + 1, tl.load(sstat_ptr + 1).to(tl.int64))
+        tl.store(out_ptr + M + 2, tl.load(sstat_ptr + 2).to(tl.int64))
+
+
+def argmax_rows(logits, val, idx, out, vstatus, sstatus) -> None:
+    """out [>= M + 3] int64 <- each row's argmax of logits [M, V] (first index of the max, as
+    torch.argmax), then vstatus[1], sstatus[1], sstatus[2]: everything the host needs after a
+    greedy verify block in ONE small read (val / idx [>= M * argmax_parts(V)] partials)."""
+    M, V = logits.shape
+    nb = argmax_parts(V)
+    _argmax_rows_stage1[(nb, M)](logits, V, val, idx, nb, BLOCK=AM_BLOCK, num_warps=4)
+    _argmax_rows_stage2[(M,)](val, idx, nb, V, out, vstatus, sstatus, M,
+                              NBP=triton.next_power_of_2(nb), num_warps=1)
+
+
+def argmax_rows_ref(logits, val, idx, out, vstatus, sstatus) -> None:
+    M = logits.shape[0]
+    out[:M].copy_(torch.argmax(logits, dim=-1))
+    out[M] = int(vstatus[1])
+    out[M + 1] = int(sstatus[1])
+    out[M + 2] = int(sstatus[2])
+
+
+__all__ = ["argmax_rows", "argmax_rows_ref", "argmax_parts", "conv_block", "conv_block_ref", "gdn_block", "gdn_block_ref", "qk_prep_block",
            "qk_prep_block_ref", "attn_block", "attn_block_ref", "commit_block",
            "commit_block_ref", "QR"]

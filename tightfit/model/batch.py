@@ -167,7 +167,9 @@ def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 class Block:
     """A verified block (speculative decoding): rows of logits, normed hidden rows, commit(j)."""
 
-    def __init__(self, logits: torch.Tensor, hidden: torch.Tensor, commit_fn: Callable[[int], None]):
+    def __init__(self, logits: torch.Tensor, hidden: torch.Tensor, commit_fn: Callable[[int], None],
+                 argmaxes: list[int] | None = None):
+        self._am = argmaxes        # taken on the device with the block (verify_graph), if given
         self.logits = logits
         self.hidden = hidden
         self.n_rows = logits.shape[0]
@@ -180,7 +182,11 @@ class Block:
     def argmaxes(self) -> list[int]:
         """Each row's argmax (first index of the max, as np.argmax), taken where the logits are:
         M integers cross to the host instead of M x n_vocab floats (verify_profile, session 7:
-        2.0 ms of a 20.9 ms round at M = 5 went to copying rows and taking argmaxes on the host)."""
+        2.0 ms of a 20.9 ms round at M = 5 went to copying rows and taking argmaxes on the host).
+        The captured verify block takes them inside its graph and hands them over with its one
+        read (no launch, no sync here)."""
+        if self._am is not None:
+            return list(self._am)
         return [int(i) for i in torch.argmax(self.logits.detach().float(), dim=-1).tolist()]
 
     def commit(self, n: int) -> None:

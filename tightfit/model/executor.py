@@ -1139,7 +1139,9 @@ class GPUModel:
             raise StateError("state was created for a different model (or KV cache type)")
         ids = self._token_ids(tokens)
         state.check_usable(len(ids))
-        state.sync()
-        return self.batcher().forward_block(ids, state, keep_states=keep_states)
+        bf = self.batcher()
+        if bf.verify_graph(len(ids), state) is None:
+            state.sync()        # the captured block checks the status words with its own read
+        return bf.forward_block(ids, state, keep_states=keep_states)
 
     __call__ = forward

@@ -120,6 +120,9 @@ def verify_buffers(cfg: Any, m: int, ctx: int, chunk: int,
           Buf("v_q", (m, H, D)), Buf("v_ao", (m, H * D))]
     b += [Buf(f"v_{n}", (m, cfg.n_ff)) for n in ("g", "up", "h")]
     b.append(Buf("v_logits", (m, V)))
+    # each row's argmax + the block's flag + the state's flag and position: the host's one read
+    nb = BS.argmax_parts(V)
+    b += [Buf("v_am_val", (m, nb)), Buf("v_am_idx", (m, nb), "i32"), Buf("v_out", (m + 3,), "i64")]
     nch = max(1, -(-int(ctx) // int(chunk)))
     b += [Buf("v_attn_m", (m * H, nch)), Buf("v_attn_l", (m * H, nch)),
           Buf("v_attn_acc", (m * H, nch, D))]
@@ -144,7 +147,7 @@ class _Views:
         for n, t in ws.items():
             if n.startswith("v_act_") or n in ("v_status", "v_gemv_part", "v_attn_m",
                                               "v_attn_l", "v_attn_acc", "v_conv_rows",
-                                              "v_ssm_in"):
+                                              "v_ssm_in", "v_am_val", "v_am_idx", "v_out"):
                 continue
             setattr(self, n[2:], t[:M])
 
@@ -222,6 +225,8 @@ class VerifyGraph:
         self.op_qk = BS.qk_prep_block if t else BS.qk_prep_block_ref
         self.op_attn = BS.attn_block if t else BS.attn_block_ref
         self.op_commit_block = BS.commit_block if t else BS.commit_block_ref
+        self.op_argmax = BS.argmax_rows if t else BS.argmax_rows_ref
+        self.out = self.ws["v_out"]
         self._ids_host = (torch.empty(self.m_max, dtype=torch.int64).pin_memory()
                           if model.device.type == "cuda" else None)
 
@@ -408,6 +413,8 @@ class VerifyGraph:
                       ["output.weight"])
         self._lin(B.xn, "xn", M, [("output.weight", B.logits)])
         m.op_commit(B.x, B.logits, self.status, 1)      # finite check: v_status[1] = 1 if not
+        self.op_argmax(B.logits, self.ws["v_am_val"], self.ws["v_am_idx"], self.out, self.status,
+                       st.status)
 
     def _graph(self, st: Any, M: int, mode: str):
         per = self._graphs.get(st)
@@ -463,7 +470,13 @@ class VerifyGraph:
                 self._pass(st, M, mode)
         self.serial += 1
         serial, p0 = self.serial, st.pos
-        if int(self.status[1]):                 # one small read; the host reads logits next
+        # ONE small read after the block: each row's argmax, the block's non-finite flag, and the
+        # state's status words, which the caller did not sync before the block (so the commit
+        # before it and this block ran back to back on the device): st.check_status raises as
+        # st.sync() would have
+        words = self.out[:M + 3].tolist()
+        st.check_status(words[M + 1], words[M + 2])
+        if words[M]:
             raise NonFiniteError("non-finite values in the hidden state or the logits; the "
                                  "state was not advanced past the previous chunk")
 
@@ -474,4 +487,4 @@ class VerifyGraph:
                 self.op_commit_block(st.conv, st.ssm, self.conv_rows, self.ssm_in, st.status,
                                      int(j), M)
             st.advanced(int(j))
-        return Block(B.logits, B.xn, commit)
+        return Block(B.logits, B.xn, commit, argmaxes=[int(i) for i in words[:M]])

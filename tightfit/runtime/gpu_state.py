@@ -106,14 +106,19 @@ class GPUState:
         """Read the status word (one small device->host copy) and raise NonFiniteError if a step
         since the last sync produced NaN/Inf; the host position then follows the device's."""
         st = self.status.tolist()
-        if st[1]:
-            self.pos = int(st[2])
+        self.check_status(st[1], st[2])
+
+    def check_status(self, flag: int, pos: int) -> None:
+        """sync()'s checks on status words 1 and 2 read elsewhere (the verify block reads them
+        with its own results, one copy instead of two)."""
+        if flag:
+            self.pos = int(pos)
             self._kv_high = self.pos
             self.status[1] = 0
             raise NonFiniteError("non-finite values in the hidden state or the logits; the state "
                                  "was not advanced past that token")
-        if st[2] != self.pos:
-            raise StateError(f"device position {st[2]} disagrees with the host's {self.pos}")
+        if pos != self.pos:
+            raise StateError(f"device position {pos} disagrees with the host's {self.pos}")
 
     def advanced(self, n: int) -> None:
         """The host launched a step over n tokens (optimistic mirror of the device position)."""
