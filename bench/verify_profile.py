@@ -69,6 +69,9 @@ def main() -> int:
             continue
         bmode = "single" if st.pos + M <= 1024 else "split"
         g = vg._graph(st, M, bmode)
+        apart = sorted({n.split(".", 2)[-1] for n in vg.quantized_apart})
+        print(f"M={M}: {len(vg.quantized_apart)} inputs quantized by their own launch "
+              f"({', '.join(apart) or 'none'})", flush=True)
         g_us = cuda_time(g.replay, a.reps, warmup=3) * 1e6
         fb_ms = wall_time(lambda: exe.forward_block(ids, st), a.reps) * 1e3
 
