@@ -21,12 +21,17 @@ a CUDA graph (tightfit.model.verify_graph). Every buffer is caller-given; nothin
   attn_decode (~fp32 accuracy on exact fp16 K/V).
 * `commit_block`: keep j of the M tokens: staging bank <- conv window after token j-1 and the
   SSM state after token j-1, replayed from the active bank (the state before the block) with j
-  rank-one updates, rounded as the block kernel rounded them (one multiply, one fma per token:
-  bitwise the block's own state); j = M: the block already left it there. Then flip the bank and
-  advance the device position by j (unless the sticky non-finite flag is set). Not captured (j
-  comes from the host after acceptance); three small launches, no sync. The replay reads and
-  writes the state once, as copying a stored per-position state did, and the block no longer
-  writes (M - 1) states per layer (27B: 151 MB per extra token, ~0.35 ms of the M = 5 block).
+  rank-one updates, rounded as the block kernel rounds them (one multiply, one fma per token).
+  With the default tiling (BV 8, one warp: every thread holds the same reduction results) that
+  is bitwise the block's own state (tests/test_block_step_replay.py, on the H200 too); with the
+  value block over 4 warps (TIGHTFIT_GDN_BLOCK=32,4) one H200 run found a 1-ulp difference in
+  one case (cause not established). j = M: the block already left the state there. Then flip the
+  bank and advance the device position by j (unless the sticky non-finite flag is set). Not
+  captured (j comes from the host after acceptance); three small launches, no sync. The replay
+  reads and writes the state once, as copying a stored per-position state did, and the block no
+  longer writes (M - 1) states per layer: the 27B's verify region for 5 tokens is 27 MiB instead
+  of 0.58 GiB (session 19).
+* `argmax_rows`: each row's argmax and the status words, one small buffer the host reads once.
 
 Each has a torch reference `*_ref` with the same signature (the CPU path and the tests' oracle).
 """

@@ -42,8 +42,8 @@ head reads), and `commit(j)`, which stages the recurrent state after block token
 the chunked recurrence's kept K/U/decays, gdn_chunk.KeptStates: no re-run) and commits j
 positions; the KV rows of the rejected tokens are abandoned. Blocks of <= 16 tokens on a GPUModel
 without host rows, placement or a quantized KV cache take tightfit.model.verify_graph instead (a
-CUDA graph per (M, attention mode): planned buffers, device position, per-position GDN states in
-fixed buffers, commit by device copy); TIGHTFIT_VERIFY_GRAPH=0 keeps them here.
+CUDA graph per (M, attention mode): planned buffers, device position, the GDN state after a
+partial accept replayed from per-token k, delta and decay); TIGHTFIT_VERIFY_GRAPH=0 keeps them here.
 
 Workspace (device bytes besides weights and state) for a chunk of n tokens after `depth` cached
 ones: `workspace_bytes(config, n, depth, kv_type=)`, which IS the planner's prefill scratch line

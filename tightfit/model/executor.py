@@ -1133,7 +1133,7 @@ class GPUModel:
                       keep_states: bool = True):
         """Speculative verify: run the block [last, d_1..d_k] without committing; returns a
         tightfit.model.batch.Block (logits of every row, normed hidden rows, commit(j) that keeps
-        the first j tokens from per-position recurrent states, no re-run)."""
+        the first j tokens without re-running the block)."""
         if not isinstance(state, GPUState) or state.config != self.config \
                 or state.kv_type != self.kv_type:
             raise StateError("state was created for a different model (or KV cache type)")

@@ -16,8 +16,10 @@ delta rule token after token (after the last token the state goes to the staging
 earlier token t its replay inputs k, delta, decay into `v_ssm_in[layer, t]`), gated norm, ssm_out; attention = 3 matrices, q/k norm + RoPE
 and K/V rows at status[2] + t, M causal queries over the cache (single pass while p0 + M <=
 attn_decode.SINGLE_PASS_MAX, else split-K), gate, attn_output; FFN -> final norm -> LM head
-[M, V] -> a finiteness check into the block's private status word `v_status` (read by the host
-after the replay: one small copy, the host needs the logits anyway).
+[M, V] -> a finiteness check into the block's private status word `v_status` -> each row's
+argmax, with that flag and the state's status words 1-2, into `v_out` (the host's ONE read after
+the replay: the caller skips the state's sync before the block, and a greedy round needs no
+launch after it).
 
 Matrices go through the GEMV route of the step (gemv_route: quantize once per (input, layout),
 `gemv_act`) with M columns; a small-path layout is used when gemv_route.act_buffers takes a
@@ -34,9 +36,9 @@ buffers yet: the plan would have to price them), matrices on the torch reference
 use_triton is on. Switch: TIGHTFIT_VERIFY_GRAPH = auto (CUDA only, default) | 1 (also CPU:
 the same pass run eagerly, for tests) | 0 (off).
 
-Memory: `verify_buffers(cfg, M, ...)`; the logits [M, V] dominate. The replay inputs are n_rec *
-(M-1) * Hv * (2S + 1) * 4 bytes (27B: 2.4 MB per extra token, where per-position states took
-151 MB until session 19).
+Memory: `verify_buffers(cfg, M, ...)`; the replay inputs, n_rec * (M-1) * Hv * (2S + 1) * 4 bytes
+(27B: 2.3 MiB per extra token, where per-position states took 144 MiB until session 19), and the
+logits [M, V] are most of it: 27 MiB for the 27B's 5-token block, 52 MiB for 9.
 """
 from __future__ import annotations
 

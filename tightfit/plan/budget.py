@@ -400,9 +400,10 @@ def _fixed_lines(cfg: Qwen35Config, o: PlanOptions,
 
 def _verify_line(cfg: Qwen35Config, o: PlanOptions, inv: ModelInventory | None) -> BillLine:
     """The captured verify block of up to `batch` tokens (tightfit.model.verify_graph): every
-    buffer it carves, ONE list with the runtime (verify_buffers), as an arena region. The logits
-    [batch, V] dominate; a partial accept replays the recurrent state from 2S + 1 floats per head
-    and token (n_gdn_layers x (batch - 1) x Hv x (2S + 1) x 4 B)."""
+    buffer it carves, ONE list with the runtime (verify_buffers), as an arena region. A partial
+    accept replays the recurrent state from 2S + 1 floats per head and token (n_gdn_layers x
+    (batch - 1) x Hv x (2S + 1) x 4 B); with the logits [batch, V] they are most of the line
+    (27B: 27 MiB at 5 tokens, 52 MiB at 9)."""
     from tightfit.model.verify_graph import MAX_M, plan_layouts, verify_buffers
     mats = []
     if inv is not None:
