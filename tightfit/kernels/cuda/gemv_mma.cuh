@@ -827,7 +827,7 @@ tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
     const uint8_t* __restrict__ wpf = nullptr;
     if constexpr (M::BB % 16 == 0) {
       const int rp = tg * 16 * RT + lane;
-      if (lane < 16 * RT && ((uintptr_t)W & 15) == 0)
+      if (lane < 16 * RT && ((uint64_t)W & 15) == 0)
         wpf = W + (uint64_t)(rp < n_out ? rp : n_out - 1) * nb * M::BB;
       if (wpf) {                                 // the range's first TF_MMA_PF steps at once
         const int e = min(s1 * U, s0 * U + TF_MMA_PF * U), a0 = s0 * U;
