@@ -91,12 +91,8 @@ def _options() -> tuple[str, ...]:
     if legacy not in ("0", "1", ""):
         raise ValueError(f"TIGHTFIT_MMA_LEGACY={legacy!r}: expected 0 or 1")
     minb = _min_blocks()
-    pf = os.environ.get("TIGHTFIT_MMA_PF", "0").strip() or "0"
-    if not pf.isdigit() or int(pf) > 8:
-        raise ValueError(f"TIGHTFIT_MMA_PF={pf!r}: expected an L2 prefetch distance 0..8 (steps)")
     return (("-std=c++17",) + (("-DTF_MMA_LEGACY=1",) if legacy == "1" else ())
-            + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ())
-            + ((f"-DTF_MMA_PF={int(pf)}",) if int(pf) else ()))
+            + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ()))
 
 
 def _min_blocks() -> int:

@@ -59,23 +59,6 @@
 #define TF_MMA_MINB 2
 #endif
 #define TF_MMA_M4 0x0F0F0F0Fu
-// L2 prefetch distance of tf_mma_rt in steps (gemv_mma.py: TIGHTFIT_MMA_PF; 0 = none): lane l asks
-// L2 for row l of the warp's tile group TF_MMA_PF steps ahead with ONE bulk (TMA) request, no
-// register result, for formats whose block is a multiple of 16 bytes (Q4_K, Q5_K). Session 19's
-// A/B for the DRAM latency at the start of every block (bench/NOTES.md).
-#ifndef TF_MMA_PF
-#define TF_MMA_PF 0
-#endif
-
-// [p, p + bytes) into L2, one bulk request (p 16-byte aligned, bytes a multiple of 16, sm_90)
-TF_DEV void tf_mma_pf_l2(const uint8_t* p, uint32_t bytes) {
-#if TF_DEVICE && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0; cp.async.bulk.prefetch.L2.global [g], %1; }"
-               ::"l"(p), "r"(bytes) : "memory");
-#else
-  (void)p; (void)bytes;
-#endif
-}
 
 // 8 bytes at a 8-byte aligned p
 TF_DEV void tf_mma_ld8(const uint8_t* p, uint32_t& a, uint32_t& b) {
@@ -822,27 +805,7 @@ tf_mma_rt(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq, const fl
       for (int T = 0; T < NT; ++T)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[rt][T][i] = 0.f;
-#if TF_MMA_PF
-    // lane l's row of the tile group (rows past n_out: the last row, as the loads do)
-    const uint8_t* __restrict__ wpf = nullptr;
-    if constexpr (M::BB % 16 == 0) {
-      const int rp = tg * 16 * RT + lane;
-      if (lane < 16 * RT && ((uint64_t)W & 15) == 0)
-        wpf = W + (uint64_t)(rp < n_out ? rp : n_out - 1) * nb * M::BB;
-      if (wpf) {                                 // the range's first TF_MMA_PF steps at once
-        const int e = min(s1 * U, s0 * U + TF_MMA_PF * U), a0 = s0 * U;
-        if (e > a0) tf_mma_pf_l2(wpf + (uint64_t)a0 * M::BB, (uint32_t)(e - a0) * M::BB);
-      }
-    }
-#endif
     for (int b = s0 * U; b < s1 * U; b += U) {
-#if TF_MMA_PF
-      if constexpr (M::BB % 16 == 0) {
-        const int bp = b + TF_MMA_PF * U;
-        if (wpf && bp < s1 * U)
-          tf_mma_pf_l2(wpf + (uint64_t)bp * M::BB, (uint32_t)min(U, s1 * U - bp) * M::BB);
-      }
-#endif
       typename M::Raw r0[U][RT], r1[U][RT];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
