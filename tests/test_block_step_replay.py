@@ -111,8 +111,9 @@ def test_kernels_match_references(M):
     torch.testing.assert_close(a["ssm"][1, 2], b["ssm"][1, 2], rtol=1e-5, atol=1e-5)
     assert torch.equal(a["conv"][1], b["conv"][1])
 
-    ya, yb = torch.empty(M, a["y"].shape[1], device=DEV), torch.empty(M, a["y"].shape[1], device=DEV)
-    w = torch.randn(a["y"].shape[1], 4, generator=torch.Generator().manual_seed(M)).to(DEV)
+    C = a["y"].shape[1]
+    ya, yb = torch.empty(M, C, device=DEV), torch.empty(M, C, device=DEV)
+    w = torch.randn(C, 4, generator=torch.Generator().manual_seed(M)).to(DEV)
     st = _status(DEV)
     BS.conv_block(a["rows"][1, :M], a["conv"], w, ya, st, 1)
     BS.conv_block_ref(a["rows"][1, :M], a["conv"], w, yb, st, 1)

@@ -13,9 +13,10 @@ the executor embeds on the device; else the host decodes the M rows into `v_x` b
 as the step's fallback does) -> 64 blocks: RMSNorm; Gated DeltaNet = 4 matrices at N = M columns
 (qkv straight into this layer's `v_conv_rows`), conv over the block from the active bank, the
 delta rule token after token (after the last token the state goes to the staging bank; for each
-earlier token t its replay inputs k, delta, decay into `v_ssm_in[layer, t]`), gated norm, ssm_out; attention = 3 matrices, q/k norm + RoPE
-and K/V rows at status[2] + t, M causal queries over the cache (single pass while p0 + M <=
-attn_decode.SINGLE_PASS_MAX, else split-K), gate, attn_output; FFN -> final norm -> LM head
+earlier token t its replay inputs k, delta, decay into `v_ssm_in[layer, t]`), gated norm,
+ssm_out; attention = 3 matrices, q/k norm + RoPE and K/V rows at status[2] + t, M causal queries
+over the cache (single pass while p0 + M <= attn_decode.SINGLE_PASS_MAX, else split-K), gate,
+attn_output; FFN -> final norm -> LM head
 [M, V] -> a finiteness check into the block's private status word `v_status` -> each row's
 argmax, with that flag and the state's status words 1-2, into `v_out` (the host's ONE read after
 the replay: the caller skips the state's sync before the block, and a greedy round needs no
@@ -27,12 +28,13 @@ column count (the N <= 16 path), else the matrix's v1 layout (any N <= 16).
 
 `Block.commit(j)` keeps block tokens 0..j-1 with three small launches (block_step.commit_block:
 staging bank <- conv window after token j-1 (bank rows + u rows) and the SSM state after token
-j-1 replayed from the active bank and v_ssm_in[:, :j] (for j < M; j = M: already there), then bank flip + position advance on the device), nothing
-re-run; the KV rows of the rejected tokens are abandoned.
+j-1 replayed from the active bank and v_ssm_in[:, :j] (for j < M; j = M: already there), then
+bank flip + position advance on the device), nothing re-run; the KV rows of the rejected tokens
+are abandoned.
 
 Not taken (BatchForward.forward_block stays eager): row-split models (host rows mid-pass), a
-quantized KV cache (no block kernels for the codes yet), a placed model (its arena has no verify
-buffers yet: the plan would have to price them), matrices on the torch reference path while
+quantized KV cache (no block kernels for the codes yet), a placed model whose plan priced no
+verify region of the block's size (PlanOptions.batch), matrices on the torch reference path while
 use_triton is on. Switch: TIGHTFIT_VERIFY_GRAPH = auto (CUDA only, default) | 1 (also CPU:
 the same pass run eagerly, for tests) | 0 (off).
 
