@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from tightfit.kernels.attn_decode import LOG2E, _norm_rope, attention_f64
+from tightfit.plan.buffers import ARGMAX_BLOCK
 
 
 # ---- causal conv over the block -----------------------------------------------------------------
@@ -458,16 +459,15 @@ def commit_block_ref(conv_buf, ssm_buf, conv_rows, ssm_in, status, j: int, M: in
 
 
 # ---- each row's argmax and the words the host reads after the block ---------------------------
-AM_BLOCK = 4096          # logits per first-stage program (the 27B's 248,320: 61 programs a row)
-
-
 def argmax_parts(n_vocab: int) -> int:
-    return -(-int(n_vocab) // AM_BLOCK)
+    """First-stage programs per row (ARGMAX_BLOCK logits each: the 27B's 248,320 make 61)."""
+    return -(-int(n_vocab) // ARGMAX_BLOCK)
 
 
 @triton.jit
 def _argmax_rows_stage1(x_ptr, V, val_ptr, idx_ptr, NB, BLOCK: tl.constexpr):
-    """Program (b, r): the max of row r's logits [b*BLOCK, (b+1)*BLOCK) and its first index."""
+    """Program (b, r): the max of row r's logits [b*BLOCK, (b+1)*BLOCK) and its first index. The
+    one-token step's argmax (executor._argmax_feed) runs it on its one row."""
     b = tl.program_id(0)
     r = tl.program_id(1)
     offs = b * BLOCK + tl.arange(0, BLOCK)
@@ -501,7 +501,7 @@ def argmax_rows(logits, val, idx, out, vstatus, sstatus) -> None:
     greedy verify block in ONE small read (val / idx [>= M * argmax_parts(V)] partials)."""
     M, V = logits.shape
     nb = argmax_parts(V)
-    _argmax_rows_stage1[(nb, M)](logits, V, val, idx, nb, BLOCK=AM_BLOCK, num_warps=4)
+    _argmax_rows_stage1[(nb, M)](logits, V, val, idx, nb, BLOCK=ARGMAX_BLOCK, num_warps=4)
     _argmax_rows_stage2[(M,)](val, idx, nb, V, out, vstatus, sstatus, M,
                               NBP=triton.next_power_of_2(nb), num_warps=1)
 

@@ -449,8 +449,9 @@ class BatchForward:
         graph (tightfit.model.verify_graph; eager on the CPU unless enabled)."""
         n = len(ids)
         vg = self.verify_graph(n, st)
-        if vg is not None:
+        if vg is not None:      # checks the state's status words with its own read after the block
             return vg.run(list(ids), st)
+        st.sync()
         K = self.c.ssm_conv_kernel
         caps: dict | None = {} if keep_states else None
         with torch.no_grad():

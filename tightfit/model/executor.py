@@ -83,6 +83,7 @@ import triton.language as tl
 
 from tightfit.errors import UserError
 from tightfit.kernels import attn_decode as A
+from tightfit.kernels import block_step as BS
 from tightfit.kernels import gdn as G
 from tightfit.kernels import norm as N
 from tightfit.model import onetime
@@ -93,18 +94,6 @@ from tightfit.runtime.gpu_state import GPUState, state_bytes
 from tightfit.runtime.state import StateError
 
 FLOAT_QTYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
-
-
-@triton.jit
-def _argmax_stage1(x_ptr, n, val_ptr, idx_ptr, BLOCK: tl.constexpr):
-    """Program b: the max of x[b*BLOCK : (b+1)*BLOCK] and its first index."""
-    b = tl.program_id(0)
-    offs = b * BLOCK + tl.arange(0, BLOCK)
-    v = tl.load(x_ptr + offs, mask=offs < n, other=float("-inf"))
-    m = tl.max(v, axis=0)
-    i = tl.min(tl.where(v == m, offs, n), axis=0)
-    tl.store(val_ptr + b, m)
-    tl.store(idx_ptr + b, i)
 
 
 @triton.jit
@@ -861,8 +850,8 @@ class GPUModel:
         V = self.config.n_vocab
         if self.use_triton:
             nb = self.argmax_val.numel()
-            _argmax_stage1[(nb,)](self.logits, V, self.argmax_val, self.argmax_idx,
-                                  BLOCK=ARGMAX_BLOCK, num_warps=8)
+            BS._argmax_rows_stage1[(nb, 1)](self.logits, V, self.argmax_val, self.argmax_idx,
+                                            nb, BLOCK=ARGMAX_BLOCK, num_warps=8)
             _argmax_stage2[(1,)](self.argmax_val, self.argmax_idx, nb, V, self.tok_id,
                                  self.ids_ring, st.status, RING=self.ids_ring.numel(),
                                  NB=triton.next_power_of_2(nb), num_warps=1)
@@ -1139,9 +1128,6 @@ class GPUModel:
             raise StateError("state was created for a different model (or KV cache type)")
         ids = self._token_ids(tokens)
         state.check_usable(len(ids))
-        bf = self.batcher()
-        if bf.verify_graph(len(ids), state) is None:
-            state.sync()        # the captured block checks the status words with its own read
-        return bf.forward_block(ids, state, keep_states=keep_states)
+        return self.batcher().forward_block(ids, state, keep_states=keep_states)
 
     __call__ = forward
