@@ -360,3 +360,109 @@ def test_legacy_switch_parse(monkeypatch):
     monkeypatch.setenv("TIGHTFIT_MMA_MINB", "9")
     with pytest.raises(ValueError, match="TIGHTFIT_MMA_MINB"):
         gm._options()
+
+
+# ---------------------------------------------------------------- lean K4 epilogue (session 20)
+def _k4_scales_ref(blk):
+    """sc[8], m[8] of a Q4_K / Q5_K block from its 12 scale bytes (llama.cpp's get_scale_min_k4,
+    written out here as the oracle), d and dmin from its fp16 header."""
+    q = [int(v) for v in blk[4:16]]
+    sc, m = [], []
+    for j in range(8):
+        if j < 4:
+            sc.append(q[j] & 63)
+            m.append(q[j + 4] & 63)
+        else:
+            sc.append((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4))
+            m.append((q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    d, dmin = np.frombuffer(bytes(blk[:4]), np.float16).astype(np.float64)
+    return np.array(sc), np.array(m), float(d), float(dmin)
+
+
+@pytest.mark.parametrize("t", [12, 13], ids=NAMES.get)
+def test_k4_lean_values_exact(t):
+    """tf_mma_k4_ws's ws is d * sc and nws is -1.5 * 2^23 * ws, both exactly (the single-FFMA
+    product relies on it), over random blocks and the fp16 extremes of d; tf_mma_k4_mins_t gives
+    lane t the mins of groups t and t + 4."""
+    rng = np.random.default_rng(7)
+    blks = rand_blocks(rng, t, 64)
+    ext = np.array([65504.0, -65504.0, 6e-8, -6.1e-5, 0.0, 1.0], np.float16)
+    blks[:len(ext), 0:2] = ext.view(np.uint8).reshape(-1, 2)
+    blks[:len(ext), 2:4] = ext[::-1].copy().view(np.uint8).reshape(-1, 2)
+    for blk in blks:
+        sc, m, d, dmin = _k4_scales_ref(blk)
+        ws, nws, mt, dm = gm.host_k4_lean(blk)
+        assert np.array_equal(ws.astype(np.float64), d * sc)            # exact in fp32
+        assert np.array_equal(nws.astype(np.float64), -12582912.0 * d * sc)
+        assert dm == dmin
+        for tt in range(4):
+            assert (mt[tt, 0], mt[tt, 1]) == (m[tt], m[tt + 4])
+
+
+def _tf32_rna(x):
+    """cvt.rna.tf32.f32: round to 10 explicit mantissa bits, ties away from zero."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x1000) & 0xFFFFE000).astype(np.uint32)
+    return u.view(np.float32)
+
+
+def _tf32_trunc(x):
+    return (np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@pytest.mark.parametrize("t", [12, 13], ids=NAMES.get)
+def test_emulated_gemv_lean_k4(t):
+    """A 16 x K by 8 GEMV through the lean K4 epilogue as tf_mma_block runs it: per group
+    acc += xd * (ws * D) in fp32 (nws folded in), and per block the min term as the tf32 product
+    the lanes assemble (A row g / g + 8 at k = t, t + 4 from tf_mma_k4_mins_t; B = X of groups t,
+    t + 4 split into tf32 hi + truncated lo), times dmin. Oracle: float64 reference dequant of W
+    times the de-quantized x."""
+    from tightfit.kernels.quantize_act import quantize_act_ref
+    rng = np.random.default_rng(200 + t)
+    nblk = 3
+    K = 256 * nblk
+    blks = rand_blocks(rng, t, 16 * nblk).reshape(16, nblk, -1)
+    W = dequantize(blks.reshape(-1), t).astype(np.float64).reshape(16, K)
+    x = rng.standard_normal((8, K)) * rng.uniform(0.1, 30.0, (8, 1))
+    q, d, s16 = quantize_act_ref(x)
+    q = q.reshape(8, K).astype(np.int8)
+    y = np.zeros((16, 8), np.float32)
+    for b in range(nblk):
+        for j in range(8):
+            A, B, _, _ = lane_tiles(t, blks[:, b], list(q[:, b * 256:(b + 1) * 256]), j)
+            D = (A @ B).astype(np.float32)
+            ws = np.array([gm.host_k4_lean(blks[r, b])[0][j] for r in range(16)], np.float32)
+            xd = d[:, b * 8 + j].astype(np.float32)
+            y += xd[None, :] * (ws[:, None] * D)
+        Am = np.zeros((16, 8), np.float32)                   # rows x the block's groups
+        Bh = np.zeros((8, 8), np.float32)                    # groups x columns
+        Bl = np.zeros((8, 8), np.float32)
+        dmin = np.zeros(16, np.float32)
+        for lane in range(32):
+            g, tt = lane >> 2, lane & 3
+            for r in (g, g + 8):
+                _, _, mt, dmin[r] = gm.host_k4_lean(blks[r, b])
+                Am[r, tt], Am[r, tt + 4] = mt[tt]
+            for k in (tt, tt + 4):
+                o = b * 8 + k
+                X = np.float32(d[g, o]) * np.float32(s16[g, 2 * o] + s16[g, 2 * o + 1])
+                Bh[k, g] = _tf32_rna(X)
+                Bl[k, g] = _tf32_trunc(np.float32(X - Bh[k, g]))
+        Dm = Am.astype(np.float64) @ (Bh.astype(np.float64) + Bl)
+        y -= (dmin[:, None] * Dm).astype(np.float32)
+    ref = W @ (q.astype(np.float64) * np.repeat(d, 32, axis=1)).T
+    e = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+    assert e < 1e-5, f"{NAMES[t]}: {e:.2e}"
+    # the mins must matter here: without them the result is far off
+    assert np.linalg.norm(y + (dmin[:, None] * Dm) - ref) / np.linalg.norm(ref) > 1e-3
+
+
+def test_mins_tc_switch_parse(monkeypatch):
+    """TIGHTFIT_MMA_MINS_TC=0 builds session 19's per-group min term for A/B timing."""
+    monkeypatch.delenv("TIGHTFIT_MMA_MINS_TC", raising=False)
+    assert not any("MINS_TC" in o for o in gm._options())
+    monkeypatch.setenv("TIGHTFIT_MMA_MINS_TC", "0")
+    assert "-DTF_MMA_MINS_TC=0" in gm._options()
+    monkeypatch.setenv("TIGHTFIT_MMA_MINS_TC", "off")
+    with pytest.raises(ValueError, match="TIGHTFIT_MMA_MINS_TC"):
+        gm._options()

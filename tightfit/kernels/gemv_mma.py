@@ -86,13 +86,22 @@ _geom: dict[tuple, tuple] = {}
 
 def _options() -> tuple[str, ...]:
     """NVRTC options; TIGHTFIT_MMA_LEGACY=1 builds session 11's arithmetic (I2F conversions, int64
-    split arithmetic, a fence at every fixup arrival) for A/B timing (bench/NOTES.md, session 13)."""
-    legacy = os.environ.get("TIGHTFIT_MMA_LEGACY", "0").strip()
-    if legacy not in ("0", "1", ""):
-        raise ValueError(f"TIGHTFIT_MMA_LEGACY={legacy!r}: expected 0 or 1")
+    split arithmetic, a fence at every fixup arrival) for A/B timing (bench/NOTES.md, session 13);
+    TIGHTFIT_MMA_MINS_TC=0 builds Q4_K / Q5_K's per-group min term (session 19's epilogue) instead
+    of the tf32 product per block (gemv_mma.cuh, tf_mma_k4_ws)."""
+    legacy = _switch("TIGHTFIT_MMA_LEGACY", "0")
+    mins_tc = _switch("TIGHTFIT_MMA_MINS_TC", "1")
     minb = _min_blocks()
-    return (("-std=c++17",) + (("-DTF_MMA_LEGACY=1",) if legacy == "1" else ())
+    return (("-std=c++17",) + (("-DTF_MMA_LEGACY=1",) if legacy else ())
+            + (("-DTF_MMA_MINS_TC=0",) if not mins_tc else ())
             + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ()))
+
+
+def _switch(name: str, default: str) -> bool:
+    v = os.environ.get(name, default).strip() or default
+    if v not in ("0", "1"):
+        raise ValueError(f"{name}={v!r}: expected 0 or 1")
+    return v == "1"
 
 
 def _min_blocks() -> int:
@@ -496,6 +505,18 @@ extern "C" int tf_mma_host_info(int qtype, int* out) {  // QK, BB, KS, NG, U, MI
   return -1;
 }
 extern "C" int tf_mma_host_slot_floats() { return TF_MMA_SLOT_FLOATS; }
+// the lean K4 epilogue's per-block values of one row (blk: a Q4_K / Q5_K block; its first 16
+// bytes are the header words): ws[j], nws[j] (tf_mma_k4_ws), m[2t], m[2t+1] = groups t, t + 4
+// (tf_mma_k4_mins_t), dmin
+extern "C" void tf_mma_host_k4_lean(const uint8_t* blk, float* ws, float* nws, float* m,
+                                    float* dmin) {
+  uint32_t h[4];
+  tf_ld_words<16, 4>(blk, h);
+  const tf_mma_k4_row k = tf_mma_k4_consts(h);
+  for (int j = 0; j < 8; ++j) tf_mma_k4_ws(h, j, k.d, k.dn, k.bd, k.bdn, ws[j], nws[j]);
+  for (int t = 0; t < 4; ++t) tf_mma_k4_mins_t(h, t, m[2 * t], m[2 * t + 1]);
+  *dmin = k.dmin;
+}
 // the header's fixup bookkeeping for tile group tg: returns P, writes (warp, slot) of each piece
 extern "C" int tf_mma_host_fixup(int64_t items, int64_t nw, int spt, int tg, int64_t* warps,
                                  int* slots, int cap) {
@@ -536,6 +557,8 @@ def _host() -> ctypes.CDLL:
             lib.tf_mma_host_frag.restype = ctypes.c_int
             lib.tf_mma_host_info.argtypes = [ctypes.c_int, P]
             lib.tf_mma_host_info.restype = ctypes.c_int
+            lib.tf_mma_host_k4_lean.argtypes = [P] * 5
+            lib.tf_mma_host_k4_lean.restype = None
             lib.tf_mma_host_slot_floats.argtypes = []
             lib.tf_mma_host_slot_floats.restype = ctypes.c_int
             lib.tf_mma_host_fixup.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
@@ -575,6 +598,18 @@ def host_fixup_pieces(items: int, spt: int, nw: int, tg: int) -> list[tuple[int,
 def host_pipe_smem(qtype: int, rt: int, nst: int) -> int:
     """tf_mmp_geo<M, rt, nst>::CTA_BYTES as the header computes it (g++, no GPU)."""
     return int(_host().tf_mma_host_pipe_smem(int(qtype), int(rt), int(nst)))
+
+
+def host_k4_lean(blk: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """The lean K4 epilogue's values of one Q4_K / Q5_K block row, by the header's own code on the
+    CPU: ws [8], nws [8] (tf_mma_k4_ws), m [4, 2] (lane t's mins of groups t, t + 4), dmin."""
+    buf = np.zeros(32, np.uint8)
+    buf[:16] = np.asarray(blk, np.uint8)[:16]
+    ws, nws, m = np.zeros(8, np.float32), np.zeros(8, np.float32), np.zeros(8, np.float32)
+    dmin = np.zeros(1, np.float32)
+    _host().tf_mma_host_k4_lean(buf.ctypes.data, ws.ctypes.data, nws.ctypes.data, m.ctypes.data,
+                                dmin.ctypes.data)
+    return ws, nws, m.reshape(4, 2), float(dmin[0])
 
 
 def host_frag(qtype: int, blk: np.ndarray, xb: np.ndarray, t: int, j: int

@@ -21,6 +21,7 @@ typedef unsigned long long uint64_t;
 #define TF_TABLE __device__ const
 #else
 #define TF_DEVICE 0
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #define TF_DEV inline

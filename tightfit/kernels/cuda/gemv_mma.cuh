@@ -50,6 +50,13 @@
 #define TF_MMA_CBIAS TF_F32_BIAS      // the mma's C: dots come out as fp32 bits (tf_biased_f32)
 #endif
 
+// TF_MMA_MINS_TC=0 (gemv_mma.py: TIGHTFIT_MMA_MINS_TC=0) builds session 19's K-quant epilogue, the
+// min term per group and element, for A/B timing; 1 (the default) takes it to the tensor core
+// once per block (tf_mma_block). Needs the biased mma output, so not with TF_MMA_LEGACY.
+#ifndef TF_MMA_MINS_TC
+#define TF_MMA_MINS_TC (!TF_MMA_LEGACY)
+#endif
+
 #define TF_MMA_THREADS 256
 #define TF_MMA_WARPS (TF_MMA_THREADS / 32)
 // Resident CTAs per SM the kernels are built for (launch bounds: 2 -> 128 registers, 3 -> 80).
@@ -133,6 +140,49 @@ TF_DEV void tf_mma_k4_scale(const uint32_t (&h)[4], int j, float& ws, float& wm)
   ws = tf_h2f((uint16_t)h[0]) * (tf_bits_f32(tf_prmt(sc4, 0x4B000000u, sel)) - 8388608.f);
   wm = tf_h2f((uint16_t)(h[0] >> 16)) * (tf_bits_f32(tf_prmt(m4, 0x4B000000u, sel)) - 8388608.f);
 #endif
+}
+
+// ------------------------------------------------------------------ K4 scales, lean epilogue
+// Why (session 20): per group and element the epilogue above costs 4 FP operations (unbias, times
+// ws, minus wm * xs, times xd) plus 6 per row for ws and wm: ~28 of the ~60 instructions per mma
+// of Q5_K's tf_mma_rt. Two identities cut that to ~14:
+//  * ws = d * sc and nws = -TF_F32_BIASF * ws are exact in fp32 (d is an fp16 value, 11 significant
+//    bits; sc has 6 and 1.5 * 2^23 two more), so ws * (TF_F32_BIASF + dot) + nws, one FFMA on the
+//    biased mma output, is ws * dot rounded once: the value FMUL(ws, dot) gave;
+//  * the min term sum_g dmin * m_g * X_g (X_g = xd * xs of the column's 32-group g) does not depend
+//    on the weights' codes: per block and 16-row tile it is one m16n8k8 tf32 product (rows x the
+//    block's 8 groups x 8 columns), A = the integers m_g (exact in tf32), B = X as two tf32 terms
+//    (hi = X rounded, lo = X - hi: X to ~2^-21), dmin applied per block and element.
+// tf32 fragments (PTX ISA, "mma.m16n8k8" .tf32): a0 = (row g, k t), a1 = (g + 8, t), a2 = (g, t + 4),
+// a3 = (g + 8, t + 4); b0 = (k t, column g), b1 = (t + 4, g); C / D as the int8 products.
+// ws and nws of group j: one PRMT (2^23 + sc as fp32 bits) and two FFMA with the row's
+// dn = -2^23 * d, bd = -TF_F32_BIASF * d and bdn = TF_F32_BIASF * 2^23 * d (all exact).
+TF_DEV void tf_mma_k4_ws(const uint32_t (&h)[4], int j, float d, float dn, float bd, float bdn,
+                         float& ws, float& nws) {
+  const uint32_t S0 = h[1], S2 = h[3];
+  const uint32_t sc4 = j < 4 ? (S0 & 0x3F3F3F3Fu) : ((S2 & 0x0F0F0F0Fu) | ((S0 >> 2) & 0x30303030u));
+  const float f = tf_bits_f32(tf_prmt(sc4, 0x4B000000u, 0x7440u | (uint32_t)(j & 3)));
+  ws = fmaf(d, f, dn);
+  nws = fmaf(bd, f, bdn);
+}
+// The mins of groups t and t + 4 (lane t's k slots of the tf32 product) as exact fp32 integers.
+TF_DEV void tf_mma_k4_mins_t(const uint32_t (&h)[4], int t, float& m0, float& m4) {
+  const uint32_t S1 = h[2], S2 = h[3];
+  const int sh = 8 * t;
+  m0 = tf_u23_f32((S1 >> sh) & 63u, 0);
+  m4 = tf_u23_f32(((S2 >> (sh + 4)) & 15u) | ((S1 >> (sh + 2)) & 0x30u), 0);
+}
+
+// The per-row constants of tf_mma_k4_ws for a block with header words h: d, dmin and the products.
+struct tf_mma_k4_row { float d, dn, bd, bdn, dmin; };
+TF_DEV tf_mma_k4_row tf_mma_k4_consts(const uint32_t (&h)[4]) {
+  tf_mma_k4_row k;
+  k.d = tf_h2f((uint16_t)h[0]);
+  k.dmin = tf_h2f((uint16_t)(h[0] >> 16));
+  k.dn = -8388608.f * k.d;
+  k.bd = -TF_F32_BIASF * k.d;
+  k.bdn = (TF_F32_BIASF * 8388608.f) * k.d;
+  return k;
 }
 
 // ------------------------------------------------------------------ Q4_K (type 12)
@@ -377,6 +427,20 @@ TF_DEV void tf_mma_k16(const uint32_t (&a)[2], const uint32_t (&b)[1], const int
       : "r"(a[0]), "r"(a[1]), "r"(b[0]), "r"(c[0]), "r"(c[1]));
 }
 
+// D += A . B on tf32 (the K-quants' min term, see tf_mma_k4_ws).
+TF_DEV void tf_mma_tf32(const uint32_t (&a)[4], const uint32_t (&b)[2], float (&d)[4]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// x = hi + lo with hi the tf32 nearest x (low 13 bits zero) and lo = x - hi exactly; the mma reads
+// lo's top 19 bits, so hi + lo carries x to ~2^-21 relative.
+TF_DEV void tf_mma_tf32_split(float x, uint32_t& hi, uint32_t& lo) {
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
 // Activation side loads of the epilogue (device: one vector load each; alignment below).
 template <int NV>
 TF_DEV void tf_mma_ldf(const float* p, float (&v)[NV]) {    // p aligned to 4 * NV bytes
@@ -442,6 +506,22 @@ TF_DEV void tf_mma_group(const uint32_t (&w0)[M::KS / 16], const uint32_t (&w1)[
   }
 }
 
+// tf_mma_group without the min term (TF_MMA_MINS_TC; tf_mma_k4_ws): acc += xd * (ws * dot), the
+// product from the biased mma output in one FFMA (nws = -TF_F32_BIASF * ws).
+TF_DEV void tf_mma_group_lean(const uint32_t (&w0)[2], const uint32_t (&w1)[2],
+                              const uint32_t (&b)[2], float ws0, float nws0, float ws1, float nws1,
+                              const float (&xdv)[2], float (&acc)[4]) {
+  int d[4];
+  const int c[2] = {TF_F32_BIAS, TF_F32_BIAS};
+  const uint32_t a[4] = {w0[0], w1[0], w0[1], w1[1]};
+  tf_mma_k32(a, b, c, d);
+#pragma unroll
+  for (int cc = 0; cc < 2; ++cc) {
+    acc[cc] = fmaf(xdv[cc], fmaf(ws0, __int_as_float(d[cc]), nws0), acc[cc]);
+    acc[2 + cc] = fmaf(xdv[cc], fmaf(ws1, __int_as_float(d[2 + cc]), nws1), acc[2 + cc]);
+  }
+}
+
 // One block of RT row tiles (r0[rt] = row 16rt + g, r1[rt] = row 16rt + g + 8 of the warp's tile
 // group) against NT B tiles. bb = block index in the row; xo[T] = element offset of the tile's B
 // column (8T + g, clamped) in xq; co[T][cc] = offset of the epilogue column 8T + 2t + cc (clamped)
@@ -479,6 +559,69 @@ TF_DEV void tf_mma_block(const typename M::Raw (&r0)[RT], const typename M::Raw 
 #pragma unroll
       for (int rt = 0; rt < RT; ++rt)
         tf_mma_group<M>(w0[rt], w1[rt], b, ws0[rt], wm0[rt], ws1[rt], wm1[rt], xdv, xs, acc[rt][T]);
+    }
+  } else if constexpr (M::MINS && tf_mma_off<M>::v == 0 && TF_MMA_MINS_TC) {   // Q4_K, Q5_K
+    tf_mma_k4_row k0[RT], k1[RT];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      k0[rt] = tf_mma_k4_consts(r0[rt].h);
+      k1[rt] = tf_mma_k4_consts(r1[rt].h);
+    }
+#pragma unroll
+    for (int ch = 0; ch < 4; ++ch) {                         // 64-element chunks: groups 2ch, 2ch+1
+      uint32_t w0[RT][2][2], w1[RT][2][2];
+      float ws0[RT][2], nws0[RT][2], ws1[RT][2], nws1[RT][2];
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int j = 2 * ch + q;
+          M::afrag(r0[rt], t, j, w0[rt][q]);
+          M::afrag(r1[rt], t, j, w1[rt][q]);
+          tf_mma_k4_ws(r0[rt].h, j, k0[rt].d, k0[rt].dn, k0[rt].bd, k0[rt].bdn, ws0[rt][q], nws0[rt][q]);
+          tf_mma_k4_ws(r1[rt].h, j, k1[rt].d, k1[rt].dn, k1[rt].bd, k1[rt].bdn, ws1[rt][q], nws1[rt][q]);
+        }
+#pragma unroll
+      for (int T = 0; T < NT; ++T) {
+        const int8_t* __restrict__ xp = xq + (xo[T] + bb * M::QK);
+        float xd2[2][2];
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) tf_mma_ldf<2>(xd + (co[T][cc] + bb * 8 + 2 * ch), xd2[cc]);
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          uint32_t b[2];
+          M::xfrag(xp, t, 2 * ch + q, b);
+          const float xdv[2] = {xd2[0][q], xd2[1][q]};
+#pragma unroll
+          for (int rt = 0; rt < RT; ++rt)
+            tf_mma_group_lean(w0[rt][q], w1[rt][q], b, ws0[rt][q], nws0[rt][q], ws1[rt][q],
+                              nws1[rt][q], xdv, acc[rt][T]);
+        }
+      }
+    }
+    // the block's min term: B = X of the lane's column (8T + g) at groups t, t + 4
+#pragma unroll
+    for (int T = 0; T < NT; ++T) {
+      const int o = (xo[T] >> 5) + bb * 8 + t;              // xd index of (column, group t)
+      const int2 s0 = *(const int2*)(xs16 + 2 * o), s4 = *(const int2*)(xs16 + 2 * o + 8);
+      uint32_t bh[2], bl[2];
+      tf_mma_tf32_split(xd[o] * (float)(s0.x + s0.y), bh[0], bl[0]);
+      tf_mma_tf32_split(xd[o + 4] * (float)(s4.x + s4.y), bh[1], bl[1]);
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        float m0a, m4a, m0b, m4b;
+        tf_mma_k4_mins_t(r0[rt].h, t, m0a, m4a);
+        tf_mma_k4_mins_t(r1[rt].h, t, m0b, m4b);
+        const uint32_t a[4] = {__float_as_uint(m0a), __float_as_uint(m0b), __float_as_uint(m4a),
+                               __float_as_uint(m4b)};
+        float dm[4] = {0.f, 0.f, 0.f, 0.f};
+        tf_mma_tf32(a, bh, dm);
+        tf_mma_tf32(a, bl, dm);
+        acc[rt][T][0] = fmaf(-k0[rt].dmin, dm[0], acc[rt][T][0]);
+        acc[rt][T][1] = fmaf(-k0[rt].dmin, dm[1], acc[rt][T][1]);
+        acc[rt][T][2] = fmaf(-k1[rt].dmin, dm[2], acc[rt][T][2]);
+        acc[rt][T][3] = fmaf(-k1[rt].dmin, dm[3], acc[rt][T][3]);
+      }
     }
   } else {
     // elements per chunk: 64; 32 for Q6_K at NT = 2, where 4 decoded groups x 2 tiles spilled
