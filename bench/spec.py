@@ -65,6 +65,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from tightfit.runtime.sampler import GREEDY  # noqa: E402
@@ -373,9 +374,14 @@ def main() -> int:
             if over_budget(f"forced k={k} r={r} {label}#{rep}"):
                 return
             base, tps0 = plain("prose")
+            walls: list[float] = []            # every round's wall ms (the policy keeps a window)
+            rec = se.policy.record_round
+            se.policy.record_round = lambda kk, ms: (walls.append(ms), rec(kk, ms))[-1]
             last, tps = run_one(se.generate, P["prose"], a.max_tokens, dev, st)
+            se.policy.record_round = rec
             d = last.timings.as_dict()
             rounds = max(1, d["spec_rounds"])
+            w = np.sort(np.array(walls)) if walls else np.zeros(1)
             emit(dict(mode="forced", policy=label, rep=rep, k=k, rate=r, drafter=a.forced_drafter,
                       verifier=type(se.verifier).__name__,
                       plain_tps=tps0, spec_tps=tps, speedup=tps / tps0 if tps0 else 0,
@@ -391,7 +397,12 @@ def main() -> int:
                       # and step paths may round differently on the device)
                       same_plain=last.tokens == base.tokens if r == 0.0 else "-",
                       first_diff=first_diff(last.tokens, base.tokens) if r == 0.0 else None,
-                      draft_ms=d["draft_ms"]))
+                      draft_ms=d["draft_ms"],
+                      # where the time per round goes: the rounds as the loop timed them, and
+                      # what the run spent outside them (predicted_ms - their sum)
+                      round_wall=dict(mean=float(w.mean()), p50=float(w[len(w) // 2]),
+                                      p90=float(w[int(len(w) * 0.9)]), max=float(w[-1]),
+                                      outside_ms=last.timings.predicted_ms - float(w.sum()))))
 
     if a.force_accept:
         labels = [x for x in a.forced_modes.split(",") if x in ("fixed", "adaptive")]
