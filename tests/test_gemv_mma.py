@@ -466,3 +466,12 @@ def test_mins_tc_switch_parse(monkeypatch):
     monkeypatch.setenv("TIGHTFIT_MMA_MINS_TC", "off")
     with pytest.raises(ValueError, match="TIGHTFIT_MMA_MINS_TC"):
         gm._options()
+
+
+def test_rt_choice(monkeypatch):
+    """Row tiles per warp: config over env over the per-type default (Q5_K 1, session 20) over 2."""
+    monkeypatch.delenv("TIGHTFIT_MMA_RT", raising=False)
+    assert gm.rt_choice(13) == 1 and gm.rt_choice(12) == gm.DEFAULT_RT == 2
+    monkeypatch.setenv("TIGHTFIT_MMA_RT", "2")
+    assert gm.rt_choice(13) == 2
+    assert gm.rt_choice(13, {"rt": 1}) == 1 and gm.rt_choice(12, {"rt": 1}) == 1

@@ -278,6 +278,27 @@ def test_device_capture_and_replay(tiny):
     g.commit(2)
     st.sync()
     assert st.pos == 13
+    # the first block captured every size of its mode (2..m_max): a smaller one later replays
+    assert set(bf._vg._graphs[st]) == {(m, "single") for m in range(2, 6)}
+    from tightfit.model import onetime
+    n0 = onetime.count()
+    exe.forward_block(_prompt(tiny, 3, 8), st)
+    assert onetime.count() == n0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERP,
+                    reason="needs CUDA (compiled kernels, no TRITON_INTERPRET)")
+def test_device_capture_family_fits_the_context(tiny):
+    """CUDA: the sizes captured with the first block are only those this state could run now
+    (the capture's warm-up pass writes KV rows past the committed length)."""
+    from tightfit.model.verify_graph import VerifyGraph
+    exe = _exe(tiny, True, device="cuda")
+    bf = exe.batcher()
+    st = exe.new_state(128)
+    exe.forward(_prompt(tiny, 124, 5), st, logits="none")
+    bf._vg = VerifyGraph(exe, 8)
+    exe.forward_block(_prompt(tiny, 2, 6), st)
+    assert set(bf._vg._graphs[st]) == {(2, "single"), (3, "single"), (4, "single")}
 
 
 def _small(tmp_path_factory, qtype: str, seed: int):

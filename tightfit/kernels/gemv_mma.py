@@ -58,6 +58,9 @@ RTS = (1, 2)                        # 16-row tiles per warp (config "rt" / env T
 # 34.0/33.9, Q5_K 47.1/47.2 -> 35.8/36.4, IQ4_XS 40.1/42.1 -> 36.2/36.8, Q6_K 72.9/70.9 ->
 # 65.9/64.6, Q8_0 65.8/64.8 -> 58.4/57.9; N = 1 equal or better. So 2 is the default at N <= 8.
 DEFAULT_RT = 2
+# Per-type exceptions (session 20, call 2: the verify block M = 5 on the 27B, us per matrix): Q5_K
+# with the lean K4 epilogue runs 25.8 at rt 1 against 29.9 at rt 2 (Q4_K 29.8 / 29.8).
+RT_BY_TYPE: dict[int, int] = {13: 1}
 # (nt, rt) -> kernel template; rt = 2 only at nt = 1 (N <= 8: at nt = 2 it spilled hundreds of bytes)
 KERNELS = {(1, 1): "tf_mma<{m}, 1>", (2, 1): "tf_mma<{m}, 2>", (1, 2): "tf_mma_rt<{m}, 1, 2>"}
 # Pipelined variant (gemv_mma_pipe.cuh: weights staged through a per-warp cp.async ring of NST
@@ -210,6 +213,14 @@ def _pipe_fn(qtype: int, device: int, rt: int, nst: int):
                         fn.max_dynamic_shared_size_bytes = sm
                 _pipe_fns[key] = fn
     return fn
+
+
+def rt_choice(qtype: int, config: dict | None = None) -> int:
+    """16-row tiles per warp of the non-pipelined kernel at N <= 8: config "rt", else env
+    TIGHTFIT_MMA_RT, else RT_BY_TYPE, else DEFAULT_RT."""
+    env = os.environ.get("TIGHTFIT_MMA_RT", "").strip()
+    return (int((config or {}).get("rt", 0)) or (int(env) if env else 0)
+            or RT_BY_TYPE.get(int(qtype), DEFAULT_RT))
 
 
 def _pipe_choice(qtype: int, config: dict | None) -> tuple[int, int] | None:
@@ -412,7 +423,8 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
     pipelined kernel at N <= 8 for PIPE_TYPES; {"ctas_per_sm": n} sizes the stream-K grid for n
     resident CTAs per SM (default 2);
     {"rt": 1|2} (or env TIGHTFIT_MMA_RT): 16-row tiles per warp at N <= 8 (default 2: each x
-    fragment and column scale serves 32 rows; N > 8 chunks always run 1)."""
+    fragment and column scale serves 32 rows, RT_BY_TYPE the exceptions; N > 8 chunks always
+    run 1)."""
     qtype = check_type("MMA GEMV", qtype, supported)
     n, k, q, d, s16 = layout0("MMA GEMV", act)
     dev = w_raw.device
@@ -429,7 +441,7 @@ def gemv_mma(act, w_raw: torch.Tensor, qtype: int, n_out: int, out: torch.Tensor
             os.environ.get("TIGHTFIT_MMA_CPS", str(_min_blocks())))
         if not 1 <= cps <= 8:
             raise ValueError(f"MMA GEMV: ctas_per_sm {cps} not in 1..8")
-        rt = int((config or {}).get("rt", 0)) or int(os.environ.get("TIGHTFIT_MMA_RT", DEFAULT_RT))
+        rt = rt_choice(qtype, config)
         if rt not in RTS:
             raise ValueError(f"MMA GEMV: rt {rt} not in {RTS}")
         mods = _module(qtype, dev.index)

@@ -434,6 +434,22 @@ class VerifyGraph:
         g = per.get((M, mode))
         if g is not None:
             return g
+        # the first block of a mode captures every size of it that fits here (2..m_max, and M):
+        # a size first met later (the last rounds before max_tokens, the policy's shorter drafts)
+        # would stall that round by its capture, ~0.1-0.3 s each (session 20: 0.28 s inside a
+        # timed 512-token run). The block buffers are views of one region, so more graphs hold no
+        # more memory. A size is captured only where this state could run it now (its KV rows
+        # inside the context, the single-pass attention inside its limit): the capture's warm-up
+        # pass writes past the committed length.
+        room = min(self.m.n_ctx, getattr(st, "max_ctx", self.m.n_ctx)) - st.pos
+        if mode == "single":
+            room = min(room, A.SINGLE_PASS_MAX - st.pos)
+        for m in sorted({M, *range(2, min(self.m_max, room) + 1)}):
+            if (m, mode) not in per:
+                per[(m, mode)] = self._capture(st, m, mode)
+        return per[(M, mode)]
+
+    def _capture(self, st: Any, M: int, mode: str):
         # warm-up (JIT, lazy tables) on a side stream: it writes only block buffers, the staging
         # bank and KV rows past the committed length; st.status is only read by the pass
         side = torch.cuda.Stream()
@@ -445,7 +461,6 @@ class VerifyGraph:
         onetime.note()
         with torch.cuda.graph(g):
             self._pass(st, M, mode)
-        per[(M, mode)] = g
         return g
 
     def _load(self, ids: Sequence[int], B: _Views, M: int) -> None:
