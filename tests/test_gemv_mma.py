@@ -236,10 +236,7 @@ def test_nvcc_sm90_no_spills():
         sp = r["spill_stores"] + r["spill_loads"]
         kq = r["format"] in ("M_Q4_K", "M_Q5_K")
         if r["kernel"] == "pipe":      # (Q4_K / Q5_K: opt-in, the rt kernel is their default)
-            # (session 20: the fixup reducer's two pieces in flight cost Q6_K's opt-in rt 1 one
-            # spilled word in the tail)
-            return ((r["rt"] == 2 and (r["format"] == "M_Q6_K" or sp <= 100)) or (kq and sp <= 40)
-                    or (r["format"] == "M_Q6_K" and sp <= 8))
+            return (r["rt"] == 2 and (r["format"] == "M_Q6_K" or sp <= 100)) or (kq and sp <= 40)
         if r["nt"] * r["rt"] >= 2:
             return sp <= (140 if r["format"] in ("M_Q6_K", "M_Q5_K") else 40)
         return kq and sp <= 40

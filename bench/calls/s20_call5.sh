@@ -1,5 +1,6 @@
 #!/bin/bash
 # Session 20, device call 5. Carry [".whl", ".tcache_in", ".fixtures"].
+# Measured slower (RESULTS session 20, call 5) and removed; the code is in 722e9e8.
 # The stream-K fixup's reducer with two pieces' loads in flight (TF_MMA_RED_BATCH 8 floats per
 # lane; its sum order unchanged) against one at a time (TIGHTFIT_MMA_RED_BATCH=0), same machine:
 # the tensor-core GEMV tests, the block M = 5, forced k = 4 at 80 %.

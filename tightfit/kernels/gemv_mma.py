@@ -91,17 +91,12 @@ def _options() -> tuple[str, ...]:
     """NVRTC options; TIGHTFIT_MMA_LEGACY=1 builds session 11's arithmetic (I2F conversions, int64
     split arithmetic, a fence at every fixup arrival) for A/B timing (bench/NOTES.md, session 13);
     TIGHTFIT_MMA_MINS_TC=0 builds Q4_K / Q5_K's per-group min term (session 19's epilogue) instead
-    of the tf32 product per block (gemv_mma.cuh, tf_mma_k4_ws); TIGHTFIT_MMA_RED_BATCH=n the fixup
-    reducer's loads in flight, floats per lane (default 8; 0: one piece at a time)."""
+    of the tf32 product per block (gemv_mma.cuh, tf_mma_k4_ws)."""
     legacy = _switch("TIGHTFIT_MMA_LEGACY", "0")
     mins_tc = _switch("TIGHTFIT_MMA_MINS_TC", "1")
-    red = os.environ.get("TIGHTFIT_MMA_RED_BATCH", "").strip()
-    if red and not (red.isdigit() and int(red) <= 64):
-        raise ValueError(f"TIGHTFIT_MMA_RED_BATCH={red!r}: expected 0..64 (floats per lane)")
     minb = _min_blocks()
     return (("-std=c++17",) + (("-DTF_MMA_LEGACY=1",) if legacy else ())
             + (("-DTF_MMA_MINS_TC=0",) if not mins_tc else ())
-            + ((f"-DTF_MMA_RED_BATCH={int(red)}",) if red else ())
             + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ()))
 
 

@@ -72,9 +72,7 @@ def _fn(device: int, rt: int, kind: str = DEFAULT_KIND):
                 cp = _rt.cupy()
                 name = KINDS[kind].format(rt=rt)
                 with cp.cuda.Device(device):
-                    # the fixup it shares with gemv_mma (tf_mma_finish) takes the same A/B
-                    # switches (TIGHTFIT_MMA_RED_BATCH ...)
-                    mod = cp.RawModule(code=source(), options=_mma._options(),
+                    mod = cp.RawModule(code=source(), options=("-std=c++17",),
                                        name_expressions=[name])
                     fn = mod.get_function(name)
                     fn.max_dynamic_shared_size_bytes = LUT_BYTES

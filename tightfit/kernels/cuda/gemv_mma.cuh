@@ -745,52 +745,27 @@ TF_DEV void tf_mma_fence() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // Sum the P pieces of tile group tg (this warp arrived last) in ascending warp order into acc,
 // store them, reset the group's counter.
-// The pieces' loads go out TF_MMA_RED_BATCH floats per lane at a time (a batch of pieces) and are
-// then summed in the same ascending order, so the result is bitwise the one-at-a-time sum. Why
-// (session 20): with one piece per L2 round trip the last warp of a tile group spent P round
-// trips (P ~ 5-7 on the 27B's wide matrices) in every kernel's tail. TF_MMA_RED_BATCH=0 (or below
-// one piece) restores one piece at a time (gemv_mma.py: TIGHTFIT_MMA_RED_BATCH, A/B timing).
-#ifndef TF_MMA_RED_BATCH
-#define TF_MMA_RED_BATCH 8
-#endif
 template <int RT, int NT>
 TF_DEV void tf_mma_reduce(float* __restrict__ y, int n_out, int ncols, int tg, int g, int t,
                           tf_mma_ix items, tf_mma_ix nw, int spt, int* cnt, const float* part,
                           float (&acc)[RT][NT][4]) {
   constexpr int SLOT = TF_MMA_SLOT_FLOATS * 32;
-  constexpr int F = RT * NT * 4;                             // floats of one piece per lane
-  constexpr int CH = TF_MMA_RED_BATCH / F > 1 ? TF_MMA_RED_BATCH / F : 1;   // pieces per batch
   const int lane = 4 * g + t;
   const tf_mma_ix a = (tf_mma_ix)tg * spt;
   const int P = tf_mma_pieces(items, nw, spt, a);
   const tf_mma_ix wf = tf_mma_owner(items, nw, a);
-  for (int k0 = 0; k0 < P; k0 += CH) {
-    float v[CH][F];
+  for (int k = 0; k < P; ++k) {                              // ascending warp order
+    const tf_mma_ix v = tf_mma_piece(items, nw, a, wf, k);
+    const float* p = part + (v * 2 + (k == 0 ? tf_mma_slot(items, nw, a, v) : 0)) * SLOT + lane;
 #pragma unroll
-    for (int c = 0; c < CH; ++c) {
-      const int k = k0 + c;
-      if (k < P) {
-        const tf_mma_ix w = tf_mma_piece(items, nw, a, wf, k);
-        const float* p = part + (w * 2 + (k == 0 ? tf_mma_slot(items, nw, a, w) : 0)) * SLOT + lane;
+    for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-        for (int f = 0; f < F; ++f) v[c][f] = __ldcg(p + f * 32);   // L2, not a stale L1 line
-      }
-    }
+      for (int T = 0; T < NT; ++T)
 #pragma unroll
-    for (int c = 0; c < CH; ++c) {                           // ascending warp order
-      const int k = k0 + c;
-      if (k < P) {
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-          for (int T = 0; T < NT; ++T)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const float x = v[c][(rt * NT + T) * 4 + i];
-              acc[rt][T][i] = k == 0 ? x : acc[rt][T][i] + x;   // piece 0 as stored, then in order
-            }
-      }
-    }
+        for (int i = 0; i < 4; ++i) {
+          const float x = __ldcg(p + ((rt * NT + T) * 4 + i) * 32);   // L2, not a stale L1 line
+          acc[rt][T][i] = k == 0 ? x : acc[rt][T][i] + x;    // piece 0 as stored, then in order
+        }
   }
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt) tf_mma_flush<NT>(y, n_out, ncols, (tg * RT + rt) * 16 + g, t, acc[rt]);
