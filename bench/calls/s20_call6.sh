@@ -1,5 +1,7 @@
 #!/bin/bash
 # Session 20, device call 6. Carry [".whl", ".tcache_in", ".fixtures"].
+# Both measured the same (RESULTS session 20, call 6): the FFMA form was removed again (the code is in
+# its commit); the last step ran Q6_K on dp4a (without the ring its route crossover is N = 8).
 # Every tensor-core format's ws * dot in one FFMA (Q6_K's verify products, the head among them)
 # against unbias-then-multiply (TIGHTFIT_MMA_FFMA_WS=0), same machine; and Q6_K on the plain
 # kernel at one row tile (no cp.async ring) now that the ring's rt 2 spills 76 / 96 bytes.

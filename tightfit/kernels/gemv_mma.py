@@ -91,15 +91,12 @@ def _options() -> tuple[str, ...]:
     """NVRTC options; TIGHTFIT_MMA_LEGACY=1 builds session 11's arithmetic (I2F conversions, int64
     split arithmetic, a fence at every fixup arrival) for A/B timing (bench/NOTES.md, session 13);
     TIGHTFIT_MMA_MINS_TC=0 builds Q4_K / Q5_K's per-group min term (session 19's epilogue) instead
-    of the tf32 product per block (gemv_mma.cuh, tf_mma_k4_ws); TIGHTFIT_MMA_FFMA_WS=0 the other
-    formats' ws * dot as unbias-then-multiply instead of one FFMA."""
+    of the tf32 product per block (gemv_mma.cuh, tf_mma_k4_ws)."""
     legacy = _switch("TIGHTFIT_MMA_LEGACY", "0")
     mins_tc = _switch("TIGHTFIT_MMA_MINS_TC", "1")
-    ffma_ws = _switch("TIGHTFIT_MMA_FFMA_WS", "1")
     minb = _min_blocks()
     return (("-std=c++17",) + (("-DTF_MMA_LEGACY=1",) if legacy else ())
             + (("-DTF_MMA_MINS_TC=0",) if not mins_tc else ())
-            + (("-DTF_MMA_FFMA_WS=0",) if not ffma_ws else ())
             + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ()))
 
 

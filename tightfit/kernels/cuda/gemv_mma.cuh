@@ -57,12 +57,6 @@
 #define TF_MMA_MINS_TC (!TF_MMA_LEGACY)
 #endif
 
-// TF_MMA_FFMA_WS=0 (gemv_mma.py: TIGHTFIT_MMA_FFMA_WS=0): tf_mma_group's ws * dot as session 19
-// had it (unbias, then multiply) instead of one FFMA, for A/B timing.
-#ifndef TF_MMA_FFMA_WS
-#define TF_MMA_FFMA_WS 1
-#endif
-
 #define TF_MMA_THREADS 256
 #define TF_MMA_WARPS (TF_MMA_THREADS / 32)
 // Resident CTAs per SM the kernels are built for (launch bounds: 2 -> 128 registers, 3 -> 80).
@@ -499,11 +493,6 @@ TF_DEV void tf_mma_group(const uint32_t (&w0)[M::KS / 16], const uint32_t (&w1)[
   for (int cc = 0; cc < 2; ++cc) {
 #if TF_MMA_LEGACY
     float s0 = ws0 * (float)d[cc], s1 = ws1 * (float)d[2 + cc];
-#elif TF_MMA_FFMA_WS
-    // ws * dot in one FFMA on the biased output (tf_mma_k4_ws says why it is exact: every
-    // format's ws is an fp16 d times an integer of <= 8 bits, so -TF_F32_BIASF * ws is exact)
-    float s0 = fmaf(ws0, __int_as_float(d[cc]), -TF_F32_BIASF * ws0);
-    float s1 = fmaf(ws1, __int_as_float(d[2 + cc]), -TF_F32_BIASF * ws1);
 #else
     float s0 = ws0 * tf_biased_f32(d[cc]), s1 = ws1 * tf_biased_f32(d[2 + cc]);
 #endif
