@@ -21,7 +21,8 @@ hand it a planned buffer, `use_workspace`), sized by `fixup_workspace_bytes`. It
 calls on a device, so calls must be stream-ordered (one stream, as the executor runs them).
 `fixup_plan` is the host model of the bookkeeping (tests/test_gemv_mma.py).
 
-Columns: N <= 8 runs NT = 1 (one B tile) with two row tiles per warp (DEFAULT_RT), 9..16 NT = 2
+Columns: N <= 8 runs NT = 1 (one B tile) with two row tiles per warp (DEFAULT_RT; Q5_K one, with
+two blocks per step: RT_BY_TYPE), 9..16 NT = 2
 (two B tiles sharing the decoded A fragments, one row tile), N > 16 in chunks of 16 (weights read
 once per chunk).
 
