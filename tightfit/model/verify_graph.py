@@ -441,7 +441,7 @@ class VerifyGraph:
         # more memory. A size is captured only where this state could run it now (its KV rows
         # inside the context, the single-pass attention inside its limit): the capture's warm-up
         # pass writes past the committed length.
-        room = min(self.m.n_ctx, getattr(st, "max_ctx", self.m.n_ctx)) - st.pos
+        room = st.max_ctx - st.pos
         if mode == "single":
             room = min(room, A.SINGLE_PASS_MAX - st.pos)
         for m in sorted({M, *range(2, min(self.m_max, room) + 1)}):

@@ -110,9 +110,15 @@ struct M_Q8_0 {
 // S = scales bytes 0..11 as words S0 S1 S2 (h[1..3]); sub-block j: j < 4: sc = S[j] & 63,
 // m = S[j+4] & 63; j >= 4: sc = (S[j+4] & 15) | (S[j-4] >> 6) << 4, m = (S[j+4] >> 4) | (S[j] >> 6) << 4.
 // j is a compile-time constant after unrolling, so every shift below is an immediate.
+// The four 6-bit scales sc of groups j & ~3 .. (j & ~3) + 3 as bytes (byte k = group (j & ~3) + k).
+TF_DEV uint32_t tf_mma_k4_sc4(const uint32_t (&h)[4], int j) {
+  const uint32_t S0 = h[1], S2 = h[3];
+  return j < 4 ? (S0 & 0x3F3F3F3Fu) : ((S2 & 0x0F0F0F0Fu) | ((S0 >> 2) & 0x30303030u));
+}
 TF_DEV void tf_mma_k4_scale(const uint32_t (&h)[4], int j, float& ws, float& wm) {
-  const uint32_t S0 = h[1], S1 = h[2], S2 = h[3];
+  const uint32_t S1 = h[2], S2 = h[3];
 #if TF_MMA_LEGACY
+  const uint32_t S0 = h[1];
   uint32_t sc, m;
   if (j < 4) {
     sc = (S0 >> (8 * j)) & 63u;
@@ -128,14 +134,9 @@ TF_DEV void tf_mma_k4_scale(const uint32_t (&h)[4], int j, float& ws, float& wm)
   // The four 6-bit values of a word at once (byte k = value k: the same masks serve four j, and
   // ptxas shares them across the unrolled groups), then one PRMT per value builds the fp32 bits
   // 0x4B0000vv = 2^23 + v (bytes 1, 2 from the constant's zero bytes, byte 3 its 0x4B).
-  uint32_t sc4, m4;
-  if (j < 4) {
-    sc4 = S0 & 0x3F3F3F3Fu;
-    m4 = S1 & 0x3F3F3F3Fu;
-  } else {
-    sc4 = (S2 & 0x0F0F0F0Fu) | ((S0 >> 2) & 0x30303030u);
-    m4 = ((S2 >> 4) & 0x0F0F0F0Fu) | ((S1 >> 2) & 0x30303030u);
-  }
+  const uint32_t sc4 = tf_mma_k4_sc4(h, j);
+  const uint32_t m4 = j < 4 ? (S1 & 0x3F3F3F3Fu)
+                            : (((S2 >> 4) & 0x0F0F0F0Fu) | ((S1 >> 2) & 0x30303030u));
   const uint32_t sel = 0x7440u | (uint32_t)(j & 3);
   ws = tf_h2f((uint16_t)h[0]) * (tf_bits_f32(tf_prmt(sc4, 0x4B000000u, sel)) - 8388608.f);
   wm = tf_h2f((uint16_t)(h[0] >> 16)) * (tf_bits_f32(tf_prmt(m4, 0x4B000000u, sel)) - 8388608.f);
@@ -159,9 +160,7 @@ TF_DEV void tf_mma_k4_scale(const uint32_t (&h)[4], int j, float& ws, float& wm)
 // dn = -2^23 * d, bd = -TF_F32_BIASF * d and bdn = TF_F32_BIASF * 2^23 * d (all exact).
 TF_DEV void tf_mma_k4_ws(const uint32_t (&h)[4], int j, float d, float dn, float bd, float bdn,
                          float& ws, float& nws) {
-  const uint32_t S0 = h[1], S2 = h[3];
-  const uint32_t sc4 = j < 4 ? (S0 & 0x3F3F3F3Fu) : ((S2 & 0x0F0F0F0Fu) | ((S0 >> 2) & 0x30303030u));
-  const float f = tf_bits_f32(tf_prmt(sc4, 0x4B000000u, 0x7440u | (uint32_t)(j & 3)));
+  const float f = tf_bits_f32(tf_prmt(tf_mma_k4_sc4(h, j), 0x4B000000u, 0x7440u | (uint32_t)(j & 3)));
   ws = fmaf(d, f, dn);
   nws = fmaf(bd, f, bdn);
 }
