@@ -82,7 +82,7 @@ def main() -> None:
     from tightfit.runtime.loader import load_engine
     torch.set_num_threads(1)
     eng = load_engine(str(demo_model_path()), n_ctx=a.tokens + len(PROMPT) + 16)
-    print(f"| policy | rounds | tokens per round | host us per round |\n|---|---|---|---|")
+    print("| policy | rounds | tokens per round | host us per round |\n|---|---|---|---|")
     for adaptive in (False, True):
         se = SpeculativeEngine(eng, SpecConfig(drafters=("synthetic",), max_draft=4,
                                                adaptive=adaptive, force_accept=0.8))

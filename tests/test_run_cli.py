@@ -2,6 +2,7 @@
 the same F32 file recorded in tests/goldens/manifest.json (regenerated here, sha256-checked)."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,36 @@ def test_greedy_run_equals_llama_cpp(tiny_f32, kv):
     ids_line = [ln for ln in r.stderr.splitlines() if ln.startswith("ids: ")][-1]
     assert [int(t) for t in ids_line[5:].split()] == g["ids"]
     assert "generated: 40 tokens" in r.stderr and "tok/s" in r.stderr
+    assert "speculative:" not in r.stderr
+
+
+SPEC_LINE = re.compile(r"^speculative: (\d+) rounds, (\d+) with a draft \| drafted (\d+), accepted (\d+) "
+                       r"\((?:[\d.]+ %|-)\)(?: \| (.*))?$")
+
+
+@pytest.mark.parametrize("spec", [["--spec", "ngram,suffix"], ["--spec", "suffix", "--draft-max", "2"]])
+def test_speculative_run_equals_llama_cpp(tiny_f32, spec):
+    """--spec: the same greedy ids as llama.cpp's plain decode, and the counters on one line whose
+    numbers add up (the greedy continuation loops, so the suffix drafter has matches to offer)."""
+    path, g = tiny_f32
+    n = len(g["ids"])
+    r = tightfit("run", "-m", str(path), "--prompt-ids", " ".join(map(str, g["prompt"])), "-n", str(n),
+                 "--temp", "0", "--ignore-eos", "--show-ids", *spec)
+    ids_line = [ln for ln in r.stderr.splitlines() if ln.startswith("ids: ")][-1]
+    assert [int(t) for t in ids_line[5:].split()] == g["ids"]
+    lines = [SPEC_LINE.match(ln) for ln in r.stderr.splitlines() if ln.startswith("speculative:")]
+    assert len(lines) == 1 and lines[0], r.stderr
+    rounds, with_draft, drafted, accepted = (int(x) for x in lines[0].groups()[:4])
+    # every round emits one target token plus its accepted drafts; the first token is prefill's
+    assert rounds + accepted == n - 1
+    assert with_draft <= rounds and accepted <= drafted
+    if with_draft:
+        per = dict(x.rsplit(" ", 1) for x in lines[0].group(5).split(", "))
+        assert set(per) <= set(spec[1].split(","))
+        assert sum(int(v.split("/")[0]) for v in per.values()) == accepted
+        assert sum(int(v.split("/")[1]) for v in per.values()) == drafted
+        if "--draft-max" in spec:
+            assert drafted <= with_draft * int(spec[spec.index("--draft-max") + 1])
 
 
 def test_run_without_model_uses_demo(tmp_path):
@@ -65,6 +96,9 @@ def test_run_without_model_uses_demo(tmp_path):
     (["--prompt-ids", "a b"], "expected integers"),
     (["-p", "word " * 300, "-c", "64"], "context"),
     (["-p", "x", "--temp", "-1"], "temperature"),
+    (["-p", "x", "--spec", "ngram,lookahead"], "unknown drafter"),
+    (["-p", "x", "--spec", "mtp"], "no MTP block"),
+    (["-p", "x", "--spec", "ngram", "--draft-max", "0"], "--draft-max must be >= 1"),
 ])
 def test_bad_input_is_one_line_error(tiny_f32, args, needle):
     path, _ = tiny_f32

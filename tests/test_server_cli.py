@@ -94,3 +94,22 @@ def test_chat_command_uses_the_session_cache(model_path):
     assert len(stats) == 2
     assert stats[0].startswith("[0 cached + ") and ", 8 generated" in stats[0]
     assert not stats[1].startswith("[0 cached")          # turn 2 reused turn 1's prefix
+
+
+def test_chat_command_speculative_is_plain_greedy(model_path):
+    """chat --spec: the same replies as plain greedy chat, the session cache still used, and each
+    turn's speculative counters on a line of their own."""
+    def chat(*extra):
+        r = subprocess.run([sys.executable, "-m", "tightfit.cli", "chat", "-m", model_path, "--temp",
+                            "0", "-n", "24", *extra], input="hi\nagain\n", cwd=REPO, env=_env(),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r
+    plain, spec = chat(), chat("--spec", "ngram,suffix", "--draft-max", "4")
+    assert spec.stdout == plain.stdout and plain.stdout.strip()
+    stats = [ln for ln in spec.stderr.splitlines() if ln.startswith("[")]
+    assert len(stats) == 4
+    assert stats[0].startswith("[0 cached + ") and ", 24 generated" in stats[0]
+    assert stats[1].startswith("[speculative: ") and stats[3].startswith("[speculative: ")
+    assert not stats[2].startswith("[0 cached")
+    assert "speculative" not in plain.stderr

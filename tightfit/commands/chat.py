@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tightfit.commands.common import add_model_args, add_sampling_args, load_from_args, sampling_from_args
+from tightfit.commands.common import (add_model_args, add_sampling_args, add_spec_args, load_from_args,
+                                      sampling_from_args, spec_drafters, spec_load_kwargs, spec_summary,
+                                      wrap_speculative)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,6 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--n-predict", type=int, default=512, help="max tokens per reply (default 512)")
     p.add_argument("--no-think", action="store_true", help="render the template with enable_thinking=false")
     add_sampling_args(p)
+    add_spec_args(p)
     p.set_defaults(func=main)
 
 
@@ -22,7 +25,8 @@ def main(a: argparse.Namespace) -> int:
     from tightfit.runtime.session import Session
 
     sampling = sampling_from_args(a)
-    eng = load_from_args(a)
+    drafters = spec_drafters(a)
+    eng = wrap_speculative(load_from_args(a, **spec_load_kwargs(a, drafters)), a, drafters)
     session = Session(eng)
     messages: list[dict] = []
     if a.system_prompt:
@@ -52,5 +56,8 @@ def main(a: argparse.Namespace) -> int:
         t = last.timings
         print(f"[{t.cache_n} cached + {t.prompt_n} prompt tokens, {t.predicted_n} generated, "
               f"{t.as_dict()['predicted_per_second']:.1f} tok/s]", file=sys.stderr)
+        spec = spec_summary(t)
+        if spec is not None:
+            print(f"[{spec}]", file=sys.stderr)
         messages.append({"role": "assistant", "content": "".join(text)})
     return 0

@@ -52,6 +52,62 @@ def resolve_model(a: argparse.Namespace) -> str:
     return str(path)
 
 
+def add_spec_args(p: argparse.ArgumentParser, shared_cache: bool = False) -> None:
+    """Speculative decoding (llama-server's --draft-max; drafters by name, no draft model)."""
+    p.add_argument("--spec", default=None, metavar="DRAFTERS",
+                   help="speculative decoding with these drafters, comma-separated: ngram, suffix, "
+                        "mtp (the model's own MTP head)"
+                        + ("; the suffix cache is shared by all requests" if shared_cache else ""))
+    p.add_argument("--draft-max", type=int, default=8, metavar="N",
+                   help="with --spec: most drafted tokens per verify round (default 8)")
+    p.add_argument("--draft-mtp", type=int, default=3, metavar="N",
+                   help="with --spec mtp: most tokens the MTP head drafts per round (default 3)")
+
+
+def spec_drafters(a: argparse.Namespace) -> tuple[str, ...] | None:
+    """--spec's drafters, checked before anything loads (None: no speculation)."""
+    if a.spec is None:
+        return None
+    from tightfit.errors import UserError
+    from tightfit.runtime.spec import parse_drafters
+    drafters = parse_drafters(a.spec)
+    if a.draft_max < 1:
+        raise UserError(f"--draft-max must be >= 1, got {a.draft_max}")
+    if a.draft_mtp < 1:
+        raise UserError(f"--draft-mtp must be >= 1, got {a.draft_mtp}")
+    return drafters
+
+
+def spec_load_kwargs(a: argparse.Namespace, drafters: tuple[str, ...] | None) -> dict:
+    """load_from_args' mtp / batch for these drafters: the GPU executor holds the MTP block only
+    when asked (its plan then prices it; the CPU model's drafter dequantizes the block itself), and
+    a verify block is the last token + up to --draft-max drafts."""
+    if drafters is None:
+        return {}
+    return {"mtp": "mtp" in drafters and a.device.startswith("cuda"), "batch": a.draft_max + 1}
+
+
+def wrap_speculative(engine, a: argparse.Namespace, drafters: tuple[str, ...] | None):
+    """`engine` as is without --spec, else a SpeculativeEngine with those drafters."""
+    if drafters is None:
+        return engine
+    from tightfit.runtime.spec import build_speculative
+    return build_speculative(engine, drafters, max_draft=a.draft_max, mtp_draft=a.draft_mtp)
+
+
+def spec_summary(timings) -> str | None:
+    """One line of a speculative run's counters (llama.cpp's n_drafted / n_accept / accept %),
+    None for a plain run."""
+    d = getattr(timings, "spec_dict", None)
+    if d is None:
+        return None
+    d = d()
+    per = ", ".join(f"{k} {v['draft_n_accepted']}/{v['draft_n']}" for k, v in d["drafters"].items())
+    rate = f"{100.0 * d['draft_acceptance']:.1f} %" if d["draft_n"] else "-"
+    return (f"speculative: {d['spec_rounds']} rounds, {d['draft_rounds']} with a draft | drafted "
+            f"{d['draft_n']}, accepted {d['draft_n_accepted']} ({rate})" + (f" | {per}" if per else ""))
+
+
 def load_from_args(a: argparse.Namespace, path: str | None = None, mtp: bool = False,
                    batch: int = 1):
     """The engine the model arguments describe (every generating command loads through here).

@@ -1,10 +1,13 @@
-"""`tightfit run`: complete a prompt, streaming to stdout, speeds on stderr at the end."""
+"""`tightfit run`: complete a prompt, streaming to stdout, speeds on stderr at the end (and with
+`--spec` the speculative counters: rounds, drafted and accepted tokens per drafter)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from tightfit.commands.common import add_model_args, add_sampling_args, load_from_args, sampling_from_args
+from tightfit.commands.common import (add_model_args, add_sampling_args, add_spec_args, load_from_args,
+                                      sampling_from_args, spec_drafters, spec_load_kwargs, spec_summary,
+                                      wrap_speculative)
 from tightfit.errors import UserError
 
 
@@ -19,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
     p.add_argument("--show-ids", action="store_true", help="print the generated token ids at the end")
     add_sampling_args(p)
+    add_spec_args(p)
     p.set_defaults(func=main)
 
 
@@ -39,9 +43,11 @@ def main(a: argparse.Namespace) -> int:
     if len(prompt) == 0:
         raise UserError("the prompt is empty")
     sampling = sampling_from_args(a)
-    eng = load_from_args(a)
-    if a.ignore_eos:
+    drafters = spec_drafters(a)
+    eng = load_from_args(a, **spec_load_kwargs(a, drafters))
+    if a.ignore_eos:      # on the engine itself: a speculative wrapper's loop reads its tokenizer
         eng.tokenizer = _NoEos(eng.tokenizer)
+    eng = wrap_speculative(eng, a, drafters)
     max_tokens = None if a.n_predict < 0 else a.n_predict
     last = None
     sys.stdout.write(prompt if isinstance(prompt, str) else eng.tokenizer.decode(prompt))
@@ -54,6 +60,9 @@ def main(a: argparse.Namespace) -> int:
     print(f"prompt: {t.prompt_n} tokens, {t.as_dict()['prompt_per_second']:.1f} tok/s | "
           f"generated: {t.predicted_n} tokens, {t.as_dict()['predicted_per_second']:.1f} tok/s | "
           f"finish: {last.finish_reason}", file=sys.stderr)
+    spec = spec_summary(t)
+    if spec is not None:
+        print(spec, file=sys.stderr)
     if a.show_ids:
         print("ids: " + " ".join(map(str, last.tokens)), file=sys.stderr)
     return 0

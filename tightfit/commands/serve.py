@@ -10,7 +10,8 @@ import argparse
 import os
 import sys
 
-from tightfit.commands.common import add_model_args, load_from_args, resolve_model
+from tightfit.commands.common import (add_model_args, add_spec_args, load_from_args, resolve_model,
+                                      spec_drafters, spec_load_kwargs, wrap_speculative)
 from tightfit.errors import UserError
 
 
@@ -26,13 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="prompt-cache budget in host RAM, MiB (default 2048; 0 = off)")
     p.add_argument("--queue", type=int, default=64,
                    help="requests that may wait while one generates (default 64; more get 503)")
-    p.add_argument("--spec", default=None, metavar="DRAFTERS",
-                   help="speculative decoding with these drafters, comma-separated: ngram, suffix, "
-                        "mtp (the model's own MTP head); the suffix cache is shared by all requests")
-    p.add_argument("--draft-max", type=int, default=8, metavar="N",
-                   help="with --spec: most drafted tokens per verify round (default 8)")
-    p.add_argument("--draft-mtp", type=int, default=3, metavar="N",
-                   help="with --spec mtp: most tokens the MTP head drafts per round (default 3)")
+    add_spec_args(p, shared_cache=True)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=main)
 
@@ -52,14 +47,7 @@ def main(a: argparse.Namespace) -> int:
         raise UserError(f"--queue must be >= 0, got {a.queue}")
     if a.ctx_size is not None and a.ctx_size < 2:
         raise UserError(f"--ctx-size must be >= 2, got {a.ctx_size}")
-    drafters = None
-    if a.spec is not None:
-        from tightfit.runtime.spec import parse_drafters
-        drafters = parse_drafters(a.spec)
-        if a.draft_max < 1:
-            raise UserError(f"--draft-max must be >= 1, got {a.draft_max}")
-        if a.draft_mtp < 1:
-            raise UserError(f"--draft-mtp must be >= 1, got {a.draft_mtp}")
+    drafters = spec_drafters(a)
     path = resolve_model(a)
     if not os.path.exists(path):
         raise UserError(f"model file not found: {path}")
@@ -75,18 +63,8 @@ def main(a: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    # the GPU executor holds the MTP block only when asked (and its plan then prices it); the
-    # CPU model's drafter dequantizes the block itself
-    want_mtp = drafters is not None and "mtp" in drafters and a.device.startswith("cuda")
-
     def loader():
-        # a verify block is the last token + up to --draft-max drafts
-        engine = load_from_args(a, path, mtp=want_mtp,
-                                batch=a.draft_max + 1 if drafters is not None else 1)
-        if drafters is None:
-            return engine
-        from tightfit.runtime.spec import build_speculative
-        return build_speculative(engine, drafters, max_draft=a.draft_max, mtp_draft=a.draft_mtp)
+        return wrap_speculative(load_from_args(a, path, **spec_load_kwargs(a, drafters)), a, drafters)
 
     app = create_app(loader=loader,
                      model_id=a.alias, api_key=a.api_key or os.environ.get("TIGHTFIT_API_KEY"),
