@@ -60,7 +60,9 @@ SPEC_LINE = re.compile(r"^speculative: (\d+) rounds, (\d+) with a draft \| draft
 @pytest.mark.parametrize("spec", [["--spec", "ngram,suffix"], ["--spec", "suffix", "--draft-max", "2"]])
 def test_speculative_run_equals_llama_cpp(tiny_f32, spec):
     """--spec: the same greedy ids as llama.cpp's plain decode, and the counters on one line whose
-    numbers add up (the greedy continuation loops, so the suffix drafter has matches to offer)."""
+    numbers add up. The greedy continuation loops, so the drafters have matches to offer; how many
+    rounds draft is the cost-aware policy's choice (measured round times), so only the sums are
+    checked, per drafter where any drafted."""
     path, g = tiny_f32
     n = len(g["ids"])
     r = tightfit("run", "-m", str(path), "--prompt-ids", " ".join(map(str, g["prompt"])), "-n", str(n),
