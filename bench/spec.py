@@ -24,7 +24,10 @@ when the budget is spent):
                    Issue 10's bar: at r = 0 its speedup >= 0.90 (overhead <= 10 %).
      Each row prints the fraction of rounds that drafted and the round times the policy measured
      per draft length (round_ms, k = 0 the plain step). At r > 0 the output is wrong by design
-     (accepted drafts are copies of the last token), only the timing counts;
+     (accepted drafts are copies of the last token), only the timing counts. --force-as draft
+     reads each rate as llama-server's draft acceptance rate (draft_n_accepted / draft_n: 0.8 at
+     k = 4 is 3.2 accepted tokens per round) instead of the per-token rate (0.8 at k = 4 accepts
+     2.36, a llama-server rate of 0.59); --force-as both prints both rows;
   3. real drafters (ngram,suffix[,mtp with --mtp]) on repetitive tasks (copy a code listing back;
      edit a file; summarise with quotes; a two-turn agent conversation, --real-prompts),
      greedy, twice (the second request sees the first one's output in the shared suffix cache):
@@ -70,6 +73,7 @@ import torch  # noqa: E402
 
 from tightfit.runtime.sampler import GREEDY  # noqa: E402
 from tightfit.runtime.spec import SpecConfig, SpeculativeEngine, SuffixCache  # noqa: E402
+from tightfit.runtime.spec.forced import rate_for_acceptance  # noqa: E402
 from tightfit.runtime.spec.policy import expected_tokens  # noqa: E402
 
 SEED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "seeds")
@@ -200,6 +204,44 @@ def load(path: str, device: str, n_ctx: int, gpu_executor: bool = True, vram: st
     return load_engine(path, device=device, n_ctx=n_ctx, **kw)
 
 
+def round_anatomy(trace: list) -> dict:
+    """Median microseconds per step of the verify rounds that tightfit.model.verify_graph.TRACE
+    recorded (TIGHTFIT_ROUND_TRACE=1): host steps from perf_counter, the graph and the device's
+    idle time between graphs from the CUDA events around each replay."""
+    rounds, cur = [], {}
+    for label, t, ev in trace:
+        if label == "enter":
+            cur = {}
+            rounds.append(cur)
+        cur[label] = (t, ev)
+    rounds = [r for r in rounds if all(k in r for k in ("enter", "found", "uploaded", "loaded",
+                                                         "launched", "read", "commit0", "commit1"))]
+    if len(rounds) < 3:
+        return {"rounds": float(len(rounds))}
+    torch.cuda.synchronize()
+
+    def med(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2]
+
+    host = lambda r, a_, b: (r[b][0] - r[a_][0]) * 1e6          # noqa: E731
+    out = {"rounds": float(len(rounds))}
+    for name, (a_, b) in {"prep": ("enter", "loaded"), "find": ("enter", "found"),
+                          "upload": ("found", "uploaded"), "event": ("uploaded", "loaded"),
+                          "launch": ("loaded", "launched"),
+                          "wait_read": ("launched", "read"), "accept": ("read", "commit0"),
+                          "commit": ("commit0", "commit1")}.items():
+        out[name] = med([host(r, a_, b) for r in rounds])
+    out["loop"] = med([(n["enter"][0] - r["commit1"][0]) * 1e6 for r, n in zip(rounds, rounds[1:])])
+    out["round_host"] = med([(n["enter"][0] - r["enter"][0]) * 1e6 for r, n in zip(rounds, rounds[1:])])
+    out["graph_gpu"] = med([r["loaded"][1].elapsed_time(r["launched"][1]) * 1e3 for r in rounds])
+    # from the end of one graph to the start of the next on the device: the commit kernel, the
+    # next ids' upload, and whatever the device waited for the host
+    out["gpu_gap"] = med([r["launched"][1].elapsed_time(n["loaded"][1]) * 1e3
+                          for r, n in zip(rounds, rounds[1:])])
+    return out
+
+
 def build_model(a) -> str:
     from tightfit.model.generate import make_model
     if a.model:
@@ -277,6 +319,11 @@ def main() -> int:
     ap.add_argument("--mtp-draft", type=int, default=3)
     ap.add_argument("--verifier", default="auto")
     ap.add_argument("--force-accept", default="0.0,0.8", help="rates for forced mode ('' = skip)")
+    ap.add_argument("--force-as", default="token", choices=("token", "draft", "both"),
+                    help="what a --force-accept rate means: token = each drafted token survives "
+                         "with probability r given its predecessors (Leviathan's alpha; llama.cpp's "
+                         "--spec-synth-len geometry); draft = llama-server's draft acceptance rate "
+                         "(draft_n_accepted / draft_n), solved for the per-token r at each k; both")
     ap.add_argument("--forced-modes", default="fixed,adaptive",
                     help="forced mode rows: fixed (adaptive=False, raw cost), adaptive (policy on)")
     ap.add_argument("--synth-k", default="4")
@@ -359,8 +406,9 @@ def main() -> int:
     emit(dict(mode="plain-again", prompt="prose", n=len(again.tokens),
               first_diff=first_diff(again.tokens, base_cache["prose"][0].tokens)))
 
-    def forced(k: int, r: float, label: str) -> None:
-        """The rows of one forced-acceptance setting (skipped past the budget)."""
+    def forced(k: int, r: float, label: str, reading: str = "token", asked: float | None = None) -> None:
+        """The rows of one forced-acceptance setting (skipped past the budget). r is the per-token
+        rate; reading / asked say what the command line asked for (--force-as)."""
         # the drafter whose tokens are forced: "synthetic" (free), or "mtp" (the model's MTP head
         # drafts k tokens, its real cost per round; --mtp)
         cfg = SpecConfig(drafters=(a.forced_drafter,), max_draft=k, mtp_draft=k,
@@ -377,12 +425,22 @@ def main() -> int:
             walls: list[float] = []            # every round's wall ms (the policy keeps a window)
             rec = se.policy.record_round
             se.policy.record_round = lambda kk, ms: (walls.append(ms), rec(kk, ms))[-1]
+            trace = os.environ.get("TIGHTFIT_ROUND_TRACE") == "1" and dev == "cuda"
+            if trace:
+                from tightfit.model import verify_graph as VG
+                VG.TRACE = []
             last, tps = run_one(se.generate, P["prose"], a.max_tokens, dev, st)
+            anatomy = round_anatomy(VG.TRACE) if trace else None
+            if trace:
+                VG.TRACE = None
+                print(f"round anatomy k={k} r={r:.3g} {label}: " + ", ".join(
+                    f"{key} {v:.1f}" for key, v in anatomy.items()), flush=True)
             se.policy.record_round = rec
             d = last.timings.as_dict()
             rounds = max(1, d["spec_rounds"])
             w = np.sort(np.array(walls)) if walls else np.zeros(1)
             emit(dict(mode="forced", policy=label, rep=rep, k=k, rate=r, drafter=a.forced_drafter,
+                      reading=reading, asked=r if asked is None else asked,
                       verifier=type(se.verifier).__name__,
                       plain_tps=tps0, spec_tps=tps, speedup=tps / tps0 if tps0 else 0,
                       acc=d["draft_acceptance"], rounds=d["spec_rounds"],
@@ -397,7 +455,7 @@ def main() -> int:
                       # and step paths may round differently on the device)
                       same_plain=last.tokens == base.tokens if r == 0.0 else "-",
                       first_diff=first_diff(last.tokens, base.tokens) if r == 0.0 else None,
-                      draft_ms=d["draft_ms"],
+                      draft_ms=d["draft_ms"], anatomy=anatomy,
                       # where the time per round goes: the rounds as the loop timed them, and
                       # what the run spent outside them (predicted_ms - their sum)
                       round_wall=dict(mean=float(w.mean()), p50=float(w[len(w) // 2]),
@@ -408,8 +466,13 @@ def main() -> int:
         labels = [x for x in a.forced_modes.split(",") if x in ("fixed", "adaptive")]
         for k in ks:
             for r in (float(x) for x in a.force_accept.split(",") if x):
-                for label in labels:
-                    forced(k, r, label)
+                readings = ("token", "draft") if a.force_as == "both" else (a.force_as,)
+                for reading in readings:
+                    if reading == "draft" and r in (0.0, 1.0) and "token" in readings:
+                        continue            # the two readings coincide at 0 and 1
+                    rr = r if reading == "token" else rate_for_acceptance(r, k)
+                    for label in labels:
+                        forced(k, rr, label, reading, r)
     if not a.skip_real:
         names = list(P) if a.real_prompts == "all" else [x for x in a.real_prompts.split(",") if x in P]
         cache = SuffixCache()
@@ -457,7 +520,9 @@ def main() -> int:
             continue
         if r["mode"] == "forced":
             mode = f"forced {r['policy']}" + (f" k={r['k']}" if r["policy"] == "fixed" else "")
-            what = f"k={r['k']} r={r['rate']}" + (f"#{r['rep']}" if r["policy"] == "adaptive" else "")
+            what = (f"k={r['k']} r={r['rate']:.3g}" if r.get("reading", "token") == "token"
+                    else f"k={r['k']} acc={r['asked']:.3g}")
+            what += f"#{r['rep']}" if r["policy"] == "adaptive" else ""
         else:
             mode, what = r["mode"], f"{r['prompt']}#{r['rep']}"
         tpr = r.get("tokens_per_round", (r["n"] - 1) / max(1, r["rounds"]) if "n" in r else 0.0)

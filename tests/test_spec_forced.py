@@ -68,3 +68,33 @@ def test_edges():
     for bad in (-0.1, 1.5, math.nan):
         with pytest.raises(ValueError):
             ForcedAcceptance(bad)
+
+
+@pytest.mark.parametrize("a,k", [(0.8, 4), (0.5, 4), (0.59, 4), (0.9, 8), (0.3, 1)])
+def test_draft_acceptance_reading_matches_independent_draws(a, k):
+    """--force-as draft: the per-token rate solved from llama-server's accepted / drafted must give
+    that ratio when tokens are drawn independently (the definition, not the closed form the solver
+    inverts), and the stratified rounds must carry it too."""
+    from tightfit.runtime.spec.forced import rate_for_acceptance
+    r = rate_for_acceptance(a, k)
+    ref = _iid_lengths(r, k, 200_000, seed=2)
+    assert abs(ref.mean() / k - a) < 0.005, (r, ref.mean() / k)
+    fa = ForcedAcceptance(r)
+    got = np.mean([fa.accepted(k) for _ in range(2000)]) / k
+    assert abs(got - a) < 0.01, (r, got)
+
+
+def test_draft_acceptance_reading_known_points():
+    from tightfit.runtime.spec.forced import acceptance_of_rate, rate_for_acceptance
+    # r = 0.8, k = 4: (0.8 + 0.64 + 0.512 + 0.4096) / 4
+    assert acceptance_of_rate(0.8, 4) == pytest.approx(0.5904)
+    # k = 1: the two readings are one
+    assert rate_for_acceptance(0.8, 1) == pytest.approx(0.8)
+    assert rate_for_acceptance(0.0, 4) == pytest.approx(0.0, abs=1e-15)
+    assert rate_for_acceptance(1.0, 4) == pytest.approx(1.0)
+    # a = 0.8 at k = 4 is 3.2 accepted tokens, 4.2 per round with the target's own token
+    r = rate_for_acceptance(0.8, 4)
+    assert expected_tokens(r, 4) == pytest.approx(4.2, abs=1e-9)
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError):
+            rate_for_acceptance(bad, 4)

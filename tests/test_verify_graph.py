@@ -301,6 +301,44 @@ def test_device_capture_family_fits_the_context(tiny):
     assert set(bf._vg._graphs[st]) == {(2, "single"), (3, "single"), (4, "single")}
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERP,
+                    reason="needs CUDA (compiled kernels, no TRITON_INTERPRET)")
+def test_device_commit_graphs_equal_the_launched_commit(tiny):
+    """CUDA: commit(j) replays a graph of the three commit kernels captured with the block's
+    family (their Python launches cost ~0.2 ms of every round, session 22). Oracle: the same
+    kernels launched directly (the fallback when no graph is there). For every j the active
+    bank's conv and SSM state, the status words and the position must be equal bit for bit, and
+    the capture's warm-up must not have moved the state."""
+    exe = _exe(tiny, True, device="cuda")
+    bf = exe.batcher()
+    st = exe.new_state(128)
+    exe.forward(_prompt(tiny, 11, 5), st, logits="none")
+    st.sync()
+    snap = st.snapshot()
+    block = _prompt(tiny, 5, 6)
+    exe.forward_block(block, st)            # captures the verify family and its commits
+    st.sync()
+    assert st.pos == 11                     # nothing committed by the captures' warm-ups
+    per = bf._vg._commits[st]
+    assert {k for k in per if k != "warm"} == {(m, j) for m in range(2, 6) for j in range(1, m + 1)}
+    for j in range(1, 6):
+        got = []
+        for use_graph in (True, False):
+            st.restore(snap)
+            saved = dict(per)
+            if not use_graph:
+                per.clear()                 # commit() falls back to launching the kernels
+            blk = exe.forward_block(block, st)
+            blk.commit(j)
+            st.sync()
+            a = int(st.status[0])           # the bank the commit made active
+            got.append((st.conv[a].clone(), st.ssm[a].clone(), st.status[1:3].clone(), st.pos))
+            per.update(saved)
+        (c1, s1, u1, p1), (c2, s2, u2, p2) = got
+        assert p1 == p2 == 11 + j
+        assert torch.equal(u1, u2) and torch.equal(c1, c2) and torch.equal(s1, s2), j
+
+
 def _small(tmp_path_factory, qtype: str, seed: int):
     p = tmp_path_factory.mktemp("vgq") / f"small-{qtype.lower()}.gguf"
     # K = 256n: quantized GEMVs; 4 layers hold one attention layer; a small vocabulary keeps the

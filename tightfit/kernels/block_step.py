@@ -373,7 +373,7 @@ def attn_block_ref(q, kcache, vcache, qg, out, status, ws=None, n_chunks: int = 
 
 
 # ---- keep j of M tokens ----------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["j"])
 def _commit_conv_kernel(conv_ptr, rows_ptr, status_ptr, j, C, bank_stride, rows_slot_stride,
                         KM1: tl.constexpr, BLOCK: tl.constexpr):
     slot = tl.program_id(0)
@@ -412,7 +412,7 @@ def _commit_ssm_replay_kernel(ssm_ptr, rin_ptr, status_ptr, j, bank_stride, rin_
     tl.store(ssm_ptr + (1 - a) * bank_stride + off, st)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_tok"])
 def _advance_kernel(status_ptr, n_tok):
     active = tl.load(status_ptr + 0)
     flag = tl.load(status_ptr + 1)
@@ -422,9 +422,15 @@ def _advance_kernel(status_ptr, n_tok):
     tl.store(status_ptr + 2, tl.where(ok, pos + n_tok, pos))
 
 
-def commit_block(conv_buf, ssm_buf, conv_rows, ssm_in, status, j: int, M: int) -> None:
+def commit_block(conv_buf, ssm_buf, conv_rows, ssm_in, status, j: int, M: int,
+                 advance_status=None) -> None:
     """Keep block tokens 0..j-1: conv_rows [n_rec, >= M, C] (each layer's u rows), ssm_in
-    [n_rec, >= M-1, Hv, 2S+1] (each layer's replay inputs: k, delta, decay after token t)."""
+    [n_rec, >= M-1, Hv, 2S+1] (each layer's replay inputs: k, delta, decay after token t).
+    advance_status: where the bank flip and the position go (default `status`; a scratch copy
+    for a warm-up that must leave the state's position alone). j is not specialised by any of the
+    three kernels, so one compilation serves every j (verify_graph captures one graph per j)."""
+    if advance_status is None:
+        advance_status = status
     n_rec, km1, C = conv_buf.shape[1:]
     BLOCK = 512
     _commit_conv_kernel[(n_rec, triton.cdiv(C, BLOCK))](conv_buf, conv_rows, status, int(j), C,
@@ -436,7 +442,7 @@ def commit_block(conv_buf, ssm_buf, conv_rows, ssm_in, status, j: int, M: int) -
         _commit_ssm_replay_kernel[(n_rec, Hv, S // BI)](
             ssm_buf, ssm_in, status, int(j), ssm_buf.stride(0), ssm_in.stride(0),
             ssm_in.stride(1), Hv, S=S, BI=BI, num_warps=4)
-    _advance_kernel[(1,)](status, int(j))
+    _advance_kernel[(1,)](advance_status, int(j))
 
 
 def commit_block_ref(conv_buf, ssm_buf, conv_rows, ssm_in, status, j: int, M: int) -> None:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import time
 import weakref
 from typing import Any, Sequence
 
@@ -59,8 +60,25 @@ from tightfit.plan.buffers import Buf, matrix_input, pack
 from tightfit.runtime.state import NonFiniteError, StateError
 
 MAX_M = 16
+
+# Round anatomy for benchmarks (bench/spec.py, TIGHTFIT_ROUND_TRACE): while this is a list, run()
+# and commit() append (label, perf_counter seconds, CUDA event or None) at their steps; None (the
+# default) costs one global read per step.
+TRACE: list | None = None
+
+
+def _mark(label: str, event: bool = False) -> None:
+    if TRACE is not None:
+        ev = None
+        if event:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+        TRACE.append((label, time.perf_counter(), ev))
 _DT = {"f32": torch.float32, "i32": torch.int32, "i64": torch.int64, "i8": torch.int8,
        "u8": torch.uint8}
+
+
+_KINDS: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
 
 
 def enabled_for(device: torch.device) -> bool:
@@ -222,6 +240,8 @@ class VerifyGraph:
         self.quantized_apart: list[str] = []
         self._packed: set = set()  # (M, input) whose bf16 pairs (v_xpk) its producer just wrote
         self._graphs: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+        # per state: {(M, j): graph of commit(j) after an M-token block} (_capture_commits)
+        self._commits: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
         self.serial = 0            # passes run; a Block commits only the latest one
         self.replays = 0           # graph replays (tests, bench)
         t = model.use_triton
@@ -234,6 +254,7 @@ class VerifyGraph:
         self.out = self.ws["v_out"]
         self._ids_host = (torch.empty(self.m_max, dtype=torch.int64).pin_memory()
                           if model.device.type == "cuda" else None)
+        self._ids_np = self._ids_host.numpy() if self._ids_host is not None else None
 
     def workspace_bytes(self) -> int:
         return int(self.region.numel())
@@ -249,8 +270,16 @@ class VerifyGraph:
             return False
         if getattr(st, "kv_type", None) or getattr(model, "kv_type", None):
             return False
-        kinds = {L.kind for L in model.lin.values()}
-        return kinds <= ({"quant", "float"} if model.use_triton else {"ref"})
+        # the matrices' kinds, once per model (every round asks; the ~500 matrices took ~0.03 ms)
+        lin = model.lin
+        hit = _KINDS.get(model)
+        if hit is None or hit[0] is not lin or hit[1] != len(lin):
+            hit = (lin, len(lin), frozenset(L.kind for L in lin.values()))
+            try:
+                _KINDS[model] = hit
+            except TypeError:       # not weak-referenceable: no cache
+                pass
+        return hit[2] <= ({"quant", "float"} if model.use_triton else {"ref"})
 
     # ---- buffers per M ------------------------------------------------------------------------
     def views(self, M: int) -> _Views:
@@ -447,7 +476,44 @@ class VerifyGraph:
         for m in sorted({M, *range(2, min(self.m_max, room) + 1)}):
             if (m, mode) not in per:
                 per[(m, mode)] = self._capture(st, m, mode)
+                self._capture_commits(st, m)
         return per[(M, mode)]
+
+    def _capture_commits(self, st: Any, M: int) -> None:
+        """Every commit(j) of an M-token block on this state, j = 1..M, as a graph of its three
+        kernels. Why: launched from Python, the three Triton launches cost ~0.2 ms of host time
+        per round in which the device waits (session 22: the round's gap between verify graphs was
+        0.67 ms, the commit the largest piece); a graph replay costs ~0.01 ms. Runs here, before
+        the block: the kernels' warm-up (their compilation: j is not specialised, so one warm-up
+        serves every j) writes only the staging bank, which the block about to run rewrites, and
+        advances a scratch copy of the status words, not the state's."""
+        if self.op_commit_block is not BS.commit_block:     # the torch reference reads status
+            return
+        per = self._commits.get(st)
+        if per is None:
+            per = self._commits[st] = {}
+        if (M, M) in per:
+            return
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            if not per.get("warm"):
+                scratch = st.status.clone()
+                BS.commit_block(st.conv, st.ssm, self.conv_rows, self.ssm_in, scratch, 1, 2,
+                                advance_status=scratch)
+                per["warm"] = True
+            onetime.note()
+            for j in range(1, M + 1):
+                g = torch.cuda.CUDAGraph()
+                # capture_begin / capture_end directly: torch.cuda.graph would also collect garbage
+                # and empty the allocator's cache once per graph (these graphs allocate nothing)
+                g.capture_begin()
+                try:
+                    BS.commit_block(st.conv, st.ssm, self.conv_rows, self.ssm_in, st.status, j, M)
+                finally:
+                    g.capture_end()
+                per[(M, j)] = g
+        torch.cuda.current_stream().wait_stream(side)
 
     def _capture(self, st: Any, M: int, mode: str):
         # warm-up (JIT, lazy tables) on a side stream: it writes only block buffers, the staging
@@ -469,7 +535,9 @@ class VerifyGraph:
             if self._ids_host is None:
                 B.ids.copy_(torch.tensor(list(ids), dtype=torch.int64))
             else:
-                self._ids_host[:M].copy_(torch.tensor(list(ids), dtype=torch.int64))
+                # straight into the pinned buffer through its numpy view (no tensor per round);
+                # the previous round's upload from it finished before that round's read
+                self._ids_np[:M] = ids
                 B.ids.copy_(self._ids_host[:M], non_blocking=True)
             return
         rows = torch.cat([m._host_row(int(t)).reshape(1, -1) for t in ids], 0)
@@ -484,12 +552,19 @@ class VerifyGraph:
         if not 1 <= M <= self.m_max:
             raise ValueError(f"block of {M} tokens on a verify graph of at most {self.m_max}")
         mode = "single" if st.pos + M <= A.SINGLE_PASS_MAX else "split"
+        _mark("enter")
         B = self.views(M)
+        per = None
         with torch.no_grad():
             if self.m.use_graphs:
                 g = self._graph(st, M, mode)
+                per = self._commits.get(st)
+                _mark("found")
                 self._load(ids, B, M)
+                _mark("uploaded")
+                _mark("loaded", event=True)
                 g.replay()
+                _mark("launched", event=True)
                 self.replays += 1
             else:
                 self._load(ids, B, M)
@@ -505,12 +580,19 @@ class VerifyGraph:
         if words[M]:
             raise NonFiniteError("non-finite values in the hidden state or the logits; the "
                                  "state was not advanced past the previous chunk")
+        _mark("read")
 
         def commit(j: int) -> None:
             if st.pos != p0 or self.serial != serial:
                 raise StateError("the state moved (or another block ran) since this block was run")
-            with torch.no_grad():
-                self.op_commit_block(st.conv, st.ssm, self.conv_rows, self.ssm_in, st.status,
-                                     int(j), M)
+            _mark("commit0")
+            cg = per.get((M, int(j))) if per is not None else None
+            if cg is not None:
+                cg.replay()
+            else:
+                with torch.no_grad():
+                    self.op_commit_block(st.conv, st.ssm, self.conv_rows, self.ssm_in, st.status,
+                                         int(j), M)
             st.advanced(int(j))
+            _mark("commit1")
         return Block(B.logits, B.xn, commit, argmaxes=[int(i) for i in words[:M]])

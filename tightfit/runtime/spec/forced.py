@@ -16,6 +16,15 @@ with each L tracks its probability within O(log m / m) instead of O(1 / sqrt(m))
 tokens per round is the distribution's, not one sample's. The sequence is deterministic; rounds
 of a benchmark are exchangeable (each costs what its draft length costs), so its correlation
 between consecutive rounds changes nothing the benchmark measures.
+
+"80 % acceptance" has two readings, and benchmarks report both (bench/spec.py --force-as):
+  - per token (r above, Leviathan et al.'s alpha, llama.cpp's --spec-synth-len geometry): each
+    drafted token survives with probability r given the ones before it survived; r = 0.8, k = 4
+    accepts 2.36 of 4 drafted tokens, a llama-server "draft acceptance rate" of 0.59;
+  - per drafted token on average (llama-server's draft_n_accepted / draft_n, the rate its logs
+    and /metrics print): a = 0.8 at k = 4 accepts 3.2 tokens per round. `rate_for_acceptance`
+    gives the per-token r whose geometric lengths have that mean (r = 0.912 for a = 0.8, k = 4),
+    so the draws stay the same truncated geometric, only its parameter differs.
 """
 from __future__ import annotations
 
@@ -51,3 +60,27 @@ class ForcedAcceptance:
                 break
             j += 1
         return j
+
+
+def acceptance_of_rate(r: float, k: int) -> float:
+    """llama-server's draft acceptance rate (accepted / drafted) when each of k drafted tokens
+    survives with probability r given its predecessors: E[L] / k = (r + r^2 + ... + r^k) / k."""
+    if k <= 0:
+        raise ValueError(f"draft length must be >= 1, got {k}")
+    return sum(r ** j for j in range(1, k + 1)) / k
+
+
+def rate_for_acceptance(a: float, k: int) -> float:
+    """The per-token rate r whose k-token rounds accept a fraction a of the drafted tokens on
+    average (the inverse of acceptance_of_rate; it is increasing in r, so bisection is exact to
+    the float's last bits after 60 halvings)."""
+    if not 0.0 <= a <= 1.0 or math.isnan(a):
+        raise ValueError(f"draft acceptance rate must be in [0, 1], got {a}")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if acceptance_of_rate(mid, k) < a:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
