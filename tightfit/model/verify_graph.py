@@ -74,10 +74,12 @@ def _mark(label: str, event: bool = False) -> None:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
         TRACE.append((label, time.perf_counter(), ev))
+
+
 _DT = {"f32": torch.float32, "i32": torch.int32, "i64": torch.int64, "i8": torch.int8,
        "u8": torch.uint8}
 
-
+# per model: (its lin dict, its length, the set of its matrices' kinds) for VerifyGraph.supports
 _KINDS: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
 
 
