@@ -151,13 +151,18 @@ class Engine:
         limit = self.n_ctx - len(ids)
         if max_tokens is not None:
             limit = min(limit, max_tokens)
+        # greedy without penalties on an executor that can take the argmax itself: one id a token
+        # crosses to the host instead of a row of logits (GPUModel.greedy_next; same token)
+        fast = sampler.params.greedy and not sampler.params.penalized and \
+            hasattr(self.model, "greedy_next")
+        nxt: int | None = None
         t1 = time.perf_counter()
         finish = "length"
         while len(generated) < limit:
             if should_stop is not None and should_stop():
                 finish = "cancelled"
                 break
-            tok = sampler(logits, history)
+            tok = sampler(logits, history) if nxt is None else nxt
             generated.append(tok)
             history.append(tok)
             if tok in eos:
@@ -172,7 +177,10 @@ class Engine:
             yield Event(text, tok)
             if len(generated) >= limit:
                 break
-            logits = _row(self.model.forward([tok], state, logits="last"))
+            if fast:
+                nxt = self.model.greedy_next(tok, state)
+            else:
+                logits = _row(self.model.forward([tok], state, logits="last"))
         tail = stops.feed(detok.flush()) + stops.flush()  # bytes of a split character, held text
         timings.predicted_n = len(generated)
         timings.predicted_ms = (time.perf_counter() - t1) * 1000.0
