@@ -147,10 +147,11 @@ def test_triton_interpreter_quant_routes(tmp_path, monkeypatch, qtype):
 
 
 def test_engine_greedy_fast_path_equals_the_host_sampler(tiny, monkeypatch):
-    """Engine.generate's greedy fast path (GPUModel.greedy_next: the step's argmax read as one id)
-    against the host sampler on the same executor (forward's row of logits, numpy argmax; the path
-    the llama.cpp greedy goldens check): the same ids and text; the fast path is taken only
-    without penalties; NaN logits still raise NonFiniteError and leave the state where it was."""
+    """Engine.generate's greedy fast path (GPUModel.greedy(tok, state, 1): the step's argmax read
+    as one id) against the host sampler on the same executor (forward's row of logits, numpy
+    argmax; the path the llama.cpp greedy goldens check): the same ids and text; the fast path is
+    taken only without penalties; NaN logits still raise NonFiniteError and leave the state where
+    it was."""
     from tightfit.model.executor import GPUModel
     from tightfit.runtime.engine import Engine
     from tightfit.runtime.sampler import SamplingParams
@@ -159,20 +160,20 @@ def test_engine_greedy_fast_path_equals_the_host_sampler(tiny, monkeypatch):
     eng = Engine(tiny, exe, from_gguf(tiny.gguf.metadata), n_ctx=64)
     prompt = [5, 9, 2, 7]
     calls = []
-    real = GPUModel.greedy_next
-    monkeypatch.setattr(GPUModel, "greedy_next", lambda self, t, st: calls.append(t) or real(self, t, st))
+    real = GPUModel.greedy
+    monkeypatch.setattr(GPUModel, "greedy", lambda self, t, st, n: calls.append(t) or real(self, t, st, n))
     fast = list(eng.generate(prompt, max_tokens=20, sampling=SamplingParams(temperature=0)))
     assert len(calls) == len(fast[-1].tokens) - 1          # every token after the prefill's
     calls.clear()
     pen = list(eng.generate(prompt, max_tokens=6, sampling=SamplingParams(temperature=0,
                                                                            repeat_penalty=1.3)))
     assert calls == [] and pen[-1].tokens
-    monkeypatch.delattr(GPUModel, "greedy_next")
+    monkeypatch.delattr(GPUModel, "greedy")
     slow = list(eng.generate(prompt, max_tokens=20, sampling=SamplingParams(temperature=0)))
     assert fast[-1].tokens == slow[-1].tokens and len(slow[-1].tokens) == 20
     assert "".join(e.text for e in fast) == "".join(e.text for e in slow)
     # non-finite logits: the same error as forward, the state not advanced past the last good token
-    monkeypatch.setattr(GPUModel, "greedy_next", real, raising=False)
+    monkeypatch.setattr(GPUModel, "greedy", real, raising=False)
     st = exe.new_state(64)
     exe.forward(prompt, st, logits="none")
     w = exe.vec["output_norm.weight"]
@@ -180,7 +181,7 @@ def test_engine_greedy_fast_path_equals_the_host_sampler(tiny, monkeypatch):
     w[0] = float("nan")
     try:
         with pytest.raises(NonFiniteError):
-            exe.greedy_next(3, st)
+            exe.greedy(3, st, 1)
         assert int(st.status[2]) == len(prompt)
     finally:
         w[0] = keep

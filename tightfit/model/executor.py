@@ -985,19 +985,6 @@ class GPUModel:
             self._step(st, mode, head, feed)
         st.advanced(1)
 
-    def greedy_next(self, tok: int, state: GPUState) -> int:
-        """One decode step on `tok`; the argmax of its logits (the first maximal index, as
-        np.argmax takes it) read as one id. The greedy sampler's fast path (Engine.generate):
-        forward(..., 'last') hands the host a row of n_vocab logits, which costs the 27B's plain
-        token ~0.2 ms (a 1 MB copy and a host argmax over 248,320 values, session 22). Raises
-        NonFiniteError as forward does (the status words are read before the id)."""
-        ids = self._checked_ids([tok], state)
-        with torch.no_grad():
-            self.step_token(ids[0], state, head=True)
-            best = self.logits.reshape(-1).argmax()
-        state.sync()
-        return int(best)
-
     def greedy(self, tok: int, state: GPUState, n: int) -> list[int]:
         """n greedy tokens after `tok` (which is processed first): with the device embedding the
         sampled id never leaves the device between steps (argmax -> tok_id -> next step's

@@ -244,6 +244,7 @@ class VerifyGraph:
         self._graphs: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
         # per state: {(M, j): graph of commit(j) after an M-token block} (_capture_commits)
         self._commits: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+        self._commit_warm = False  # the commit kernels compiled (one warm-up serves every state)
         self.serial = 0            # passes run; a Block commits only the latest one
         self.replays = 0           # graph replays (tests, bench)
         t = model.use_triton
@@ -499,11 +500,11 @@ class VerifyGraph:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            if not per.get("warm"):
+            if not self._commit_warm:
                 scratch = st.status.clone()
                 BS.commit_block(st.conv, st.ssm, self.conv_rows, self.ssm_in, scratch, 1, 2,
                                 advance_status=scratch)
-                per["warm"] = True
+                self._commit_warm = True
             onetime.note()
             for j in range(1, M + 1):
                 g = torch.cuda.CUDAGraph()

@@ -65,9 +65,10 @@ class ForcedAcceptance:
 def acceptance_of_rate(r: float, k: int) -> float:
     """llama-server's draft acceptance rate (accepted / drafted) when each of k drafted tokens
     survives with probability r given its predecessors: E[L] / k = (r + r^2 + ... + r^k) / k."""
+    from tightfit.runtime.spec.policy import expected_tokens
     if k <= 0:
         raise ValueError(f"draft length must be >= 1, got {k}")
-    return sum(r ** j for j in range(1, k + 1)) / k
+    return (expected_tokens(r, k) - 1.0) / k
 
 
 def rate_for_acceptance(a: float, k: int) -> float:
