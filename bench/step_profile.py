@@ -48,8 +48,10 @@ def profile_replays(replay, steps: int, step_us: float) -> dict:
             replay()
         torch.cuda.synchronize()
     per = defaultdict(lambda: [0, 0.0])
+    kev = []
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
+            kev.append(e)
             k = per[e.name]
             k[0] += 1
             k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
@@ -59,7 +61,11 @@ def profile_replays(replay, steps: int, step_us: float) -> dict:
     for n, c, us in rows:
         groups[group(n)][0] += us
         groups[group(n)][1] += c
-    return {"step_us": step_us, "kernel_sum_us": ksum, "gaps_us": step_us - ksum,
+    # the first call's kernels in launch order (name, µs): which op of the pass each one is
+    kev.sort(key=lambda e: e.time_range.start)
+    n1 = round(len(kev) / max(steps, 1))
+    seq = [(e.name[:80], round(e.time_range.elapsed_us(), 2)) for e in kev[:n1]]
+    return {"step_us": step_us, "kernel_sum_us": ksum, "gaps_us": step_us - ksum, "sequence": seq,
             "launches_per_step": sum(r[1] for r in rows),
             "kernels": [{"name": n[:160], "calls": c, "us": us} for n, c, us in rows],
             "groups": {g: {"us": v[0], "calls": v[1]} for g, v in groups.items()}}

@@ -58,6 +58,9 @@ def main() -> int:
            "step_us": cuda_time(step.replay, a.reps, warmup=3) * 1e6, "blocks": {}}
     st.status.copy_(saved)
     print(f"one-token step: {res['step_us']:.0f} us (graph replay)", flush=True)
+    res["step_profile"] = profile_replays(step.replay, a.reps, res["step_us"])
+    st.status.copy_(saved)
+    print_profile(res["step_profile"], "step", top=15)
     for M in ms:
         ids = [3 + i for i in range(M)]
         blk = exe.forward_block(ids, st)          # captures the verify graph of M tokens
