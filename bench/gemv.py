@@ -45,7 +45,8 @@ REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 SHAPES = {"ffn": [(5120, 17408), (17408, 5120)], "kv": [(5120, 1024)],
           "attn": [(5120, 1024), (5120, 6144), (6144, 5120)],
-          "other": [(5120, 10240), (5120, 12288)], "head": [(5120, 248320)]}
+          "other": [(5120, 10240), (5120, 12288)], "head": [(5120, 248320)],
+          "gate": [(5120, 48), (5120, 96)], "down": [(17408, 5120)]}
 def rand_weights(t, n_out, n_in, gen):
     offs, bb = F16_SCALE_OFFSETS[t], traits(t).type_size
     nbytes = n_out * n_in // 256 * MACRO_BYTES[t]
