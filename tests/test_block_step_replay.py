@@ -120,6 +120,35 @@ def test_kernels_match_references(M):
     torch.testing.assert_close(ya, yb, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name,gdn,commit", _impls(), ids=[i[0] for i in _impls()])
+@pytest.mark.parametrize("M", [1, 5])
+def test_gates_as_halves_of_one_merged_product(name, gdn, commit, M):
+    """beta and alpha as the column halves of one [M, 2 Hv] product (ssm_beta + ssm_alpha in one
+    launch, the verify block with merged gates) give the block exactly what two contiguous
+    buffers give it: outputs, replay inputs, the staged state."""
+    a, b = _problem(40 + M, M), _problem(40 + M, M)
+    ba = torch.cat([b["beta"], b["alpha"]], 1)        # row t = [beta_t, alpha_t]
+    hv = b["hv"]
+    beta, alpha = ba[:, :hv], ba[:, hv:]
+    assert beta.stride(0) == 2 * hv and torch.equal(alpha, a["alpha"])
+    oa = torch.empty(M, a["hv"], a["s"], device=DEV)
+    ob = torch.empty_like(oa)
+    gdn(a["y"], a["alpha"], a["beta"], a["dtb"], a["ssma"], a["ssm"], a["rin"][0], oa,
+        _status(DEV), 0, a["hk"], 1e-6)
+    gdn(b["y"], alpha, beta, b["dtb"], b["ssma"], b["ssm"], b["rin"][0], ob, _status(DEV), 0,
+        b["hk"], 1e-6)
+    assert torch.equal(oa, ob)
+    assert torch.equal(a["ssm"][1, 0], b["ssm"][1, 0])
+    if M > 1:
+        assert torch.equal(a["rin"][0, :M - 1], b["rin"][0, :M - 1])
+    # and the references agree with the kernel on the strided inputs
+    c = _problem(40 + M, M)
+    oc = torch.empty_like(oa)
+    BS.gdn_block_ref(c["y"], c["alpha"], c["beta"], c["dtb"], c["ssma"], c["ssm"], c["rin"][0],
+                     oc, _status(DEV), 0, c["hk"], 1e-6)
+    torch.testing.assert_close(ob, oc, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("V", [1000, 4096 * 3 + 17])
 def test_argmax_rows_first_index_and_status_words(V):
     """The verify block's in-graph argmax against torch.argmax (first index of the max on ties,

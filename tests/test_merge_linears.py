@@ -107,6 +107,28 @@ def test_relayout_packs_chain_keeps_others_aligned():
     assert merge.relayout(order, offs, [("alpha",)], 64) == {}
 
 
+def test_relayout_uses_the_last_slots_padding():
+    """The 27B's GDN site (buffers as tightfit.plan.buffers carves them at 256 bytes): packed
+    without padding, u, zg, beta, alpha end 128 bytes off the alignment, so y, o and on move one
+    unit later and the range needs the 64 bytes of padding after the last member (beta). The
+    limit at beta's last byte refused the chain, and every GDN site stayed two launches."""
+    from tightfit.plan.buffers import Buf, pack
+    bufs = [Buf("x", (1, 5120)), Buf("u", (1, 10240)), Buf("y", (1, 10240)), Buf("zg", (1, 6144)),
+            Buf("o", (1, 6144)), Buf("on", (1, 6144)), Buf("alpha", (1, 48)), Buf("beta", (1, 48)),
+            Buf("g", (1, 17408))]
+    offs, total = pack(bufs, 256)
+    order = [(b.name, b.nbytes) for b in bufs]
+    moved = merge.relayout(order, offs, [("u", "zg", "beta", "alpha")], 256)
+    new = {**offs, **moved}
+    assert new["zg"] == new["u"] + 10240 * 4
+    assert new["beta"] == new["zg"] + 6144 * 4 and new["alpha"] == new["beta"] + 48 * 4
+    spans = sorted((new[b.name], new[b.name] + b.nbytes) for b in bufs)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))       # no overlap
+    assert new["g"] == offs["g"] and spans[-1][1] <= total
+    assert all(new[n] % 256 == 0 for n in ("y", "o", "on"))
+    assert max(new[n] + dict(order)[n] for n in moved) <= offs["g"]   # inside the old slots
+
+
 def test_adjacent_and_span():
     buf = torch.arange(64, dtype=torch.uint8)
     a, b, c = buf[0:16], buf[16:48], buf[48:64]

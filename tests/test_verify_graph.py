@@ -430,6 +430,57 @@ def test_fused_activation_quant_matches_separate_launches(small_q4, monkeypatch)
 
 
 @pytest.fixture(scope="module")
+def small_q4_gates(tmp_path_factory):
+    """As small_q4, with the GDN gates in Q8_0 (as the seed mix): they merge as a pair."""
+    p = tmp_path_factory.mktemp("vgq") / "small-q4-gates.gguf"
+    make_model(p, preset="small", layers=4, qtype="Q4_0", seed=8, vocab="small:2048",
+               mix={r"blk\.\d+\.ssm_(alpha|beta)\.weight": "Q8_0"})
+    mf = open_model(p)
+    yield mf
+    mf.close()
+
+
+def test_merged_gates_one_launch_same_logits(small_q4_gates, monkeypatch):
+    """Where the executor merged ssm_beta + ssm_alpha (merge.py), the block runs them as one
+    [M, 2 Hv] product too (one launch fewer per GDN layer) and the GDN kernel reads its two
+    halves: the logits equal the block's with merging off. The GEMV is the torch product on the
+    int8 codes under the interpreter (as above), the real one on a GPU."""
+    dev = "cpu" if INTERP else "cuda"
+    if not INTERP and not torch.cuda.is_available():
+        pytest.skip("needs TRITON_INTERPRET=1 or CUDA")
+    from tightfit.kernels import gemv_route
+    from tightfit.model import verify_graph as VG
+    real_g, torch_gemv = gemv_route.gemv_act, _torch_gemv_act()
+    shapes = []
+
+    def gemv(act, w, qtype, n_out, out, workspace=None):
+        shapes.append(tuple(out.shape))
+        if dev == "cuda":
+            return real_g(act, w, qtype, n_out, out, workspace)
+        return torch_gemv(act, w, qtype, n_out, out, workspace)
+    monkeypatch.setattr(gemv_route, "gemv_act", gemv)
+    c = small_q4_gates.config
+    prompt = _prompt(small_q4_gates, 2, 5)
+    got = {}
+    for merge in ("1", "0"):
+        monkeypatch.setenv("TIGHTFIT_MERGE_LINEARS", merge)
+        exe = _exe(small_q4_gates, True, device=dev)
+        st = exe.new_state(128)
+        exe.forward(prompt, st, logits="none")
+        vg = VG.VerifyGraph(exe, 3)
+        assert vg._ba_merged() == (merge == "1")
+        shapes.clear()
+        with torch.no_grad():
+            vg._pass(st, 3, "single")
+        got[merge] = (vg.views(3).logits.clone(), list(shapes))
+    hv, n_rec = c.ssm_v_heads, len(c.recurrent_ids)
+    assert got["1"][1].count((3, 2 * hv)) == n_rec and got["1"][1].count((3, hv)) == 0
+    assert got["0"][1].count((3, hv)) == 2 * n_rec
+    assert len(got["0"][1]) - len(got["1"][1]) == n_rec
+    torch.testing.assert_close(got["1"][0], got["0"][0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
 def small_iq4(tmp_path_factory):
     mf = _small(tmp_path_factory, "IQ4_XS", 9)
     yield mf

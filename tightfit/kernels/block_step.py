@@ -119,8 +119,8 @@ def _gdn_token_prep(q, k, x, b, ssma, eps, q_scale):
 # with this and went with the one-warp tiling, see gdn_config)
 @triton.jit(do_not_specialize=["M"])
 def _gdn_block_kernel(y_ptr, alpha_ptr, beta_ptr, dtb_ptr, ssma_ptr, ssm_ptr, rin_ptr, o_ptr,
-                      status_ptr, slot, bank_stride, rin_stride, M, CY, Hv, Hk, eps, q_scale,
-                      S: tl.constexpr, BV: tl.constexpr):
+                      status_ptr, slot, bank_stride, rin_stride, M, CY, CG, Hv, Hk, eps,
+                      q_scale, S: tl.constexpr, BV: tl.constexpr):
     h = tl.program_id(0)
     jb = tl.program_id(1)
     kh = h % Hk
@@ -142,8 +142,8 @@ def _gdn_block_kernel(y_ptr, alpha_ptr, beta_ptr, dtb_ptr, ssma_ptr, ssm_ptr, ri
         # hand): the update chain no longer waits an L2 round trip per token (session 23: the
         # kernel took 8.8 us at M = 5 against 4.4 at M = 1). The last token reloads itself.
         tn = tl.minimum(t + 1, M - 1)
-        q1, k1, v1, x1, b1 = _gdn_token_inputs(y_ptr + tn * CY, alpha_ptr + tn * Hv + h,
-                                               beta_ptr + tn * Hv + h, kh, h, KD, i, j, dtb, S)
+        q1, k1, v1, x1, b1 = _gdn_token_inputs(y_ptr + tn * CY, alpha_ptr + tn * CG + h,
+                                               beta_ptr + tn * CG + h, kh, h, KD, i, j, dtb, S)
         st = st * decay
         kv = tl.sum(st * k[:, None], axis=0)
         delta = beta * (v - kv)
@@ -183,17 +183,20 @@ def gdn_config() -> tuple[int, int]:
 
 def gdn_block(y, alpha, beta, dt_bias, ssm_a, ssm_buf, rin, o, status, slot, Hk, eps, BV=None,
               num_warps=None):
-    """y [M, conv_dim], alpha/beta raw [M, Hv], ssm_buf [2, n_rec, Hv, S, S], rin [>= M-1, Hv,
-    2S+1] (this layer's replay inputs, unit inner strides) -> o [M, Hv, S]."""
+    """y [M, conv_dim], alpha/beta raw [M, Hv] (one row stride for both: the halves of one
+    [M, 2 Hv] merged product, or two contiguous buffers), ssm_buf [2, n_rec, Hv, S, S], rin
+    [>= M-1, Hv, 2S+1] (this layer's replay inputs, unit inner strides) -> o [M, Hv, S]."""
     _, _, Hv, S, _ = ssm_buf.shape
     M = y.shape[0]
+    if alpha.stride(-1) != 1 or beta.stride(-1) != 1 or (M > 1 and alpha.stride(0) != beta.stride(0)):
+        raise ValueError("gdn_block: alpha and beta need unit inner strides and one row stride")
     if BV is None or num_warps is None:
         bv, nw = gdn_config()
         BV = min(S, bv) if BV is None else BV
         num_warps = nw if num_warps is None else num_warps
     _gdn_block_kernel[(Hv, S // BV)](y, alpha, beta, dt_bias, ssm_a, ssm_buf, rin, o, status,
-                                     slot, ssm_buf.stride(0), rin.stride(0), M, y.stride(0), Hv,
-                                     Hk, float(eps), float(S) ** -0.5, S=S, BV=BV,
+                                     slot, ssm_buf.stride(0), rin.stride(0), M, y.stride(0),
+                                     alpha.stride(0), Hv, Hk, float(eps), float(S) ** -0.5, S=S, BV=BV,
                                      num_warps=num_warps)
     return o
 

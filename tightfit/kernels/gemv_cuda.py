@@ -203,8 +203,12 @@ def pick_wpr(qtype: int, n_in: int, n_out: int) -> int:
         return int(env)
     items = n_in // traits(qtype).block_size * parts(qtype)
     min_steps = 2 if n_out >= 2048 else 1
+    # tiny matrices (the GDN gates, 5120 -> 48 / 96) are pure latency: half a step per warp is
+    # enough (session 23, bench/gemv.py: Q8_0 5120 -> 96 at N = 5 3.8 us at 8 warps per row
+    # against 4.5 at 4, at N = 1 2.7 against 3.0)
+    per_warp = 16 if n_out < 256 else 32 * min_steps
     wpr = 1
-    while wpr < WARPS and n_out * wpr < 8192 and items >= 32 * (2 * wpr) * min_steps:
+    while wpr < WARPS and n_out * wpr < 8192 and items >= per_warp * (2 * wpr):
         wpr *= 2
     return wpr
 

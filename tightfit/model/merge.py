@@ -143,7 +143,12 @@ def relayout(order: Sequence[tuple[str, int]], offs: dict[str, int],
         if any(not (hi < a or lo > b) for a, b in taken):
             continue
         start = offs[order[lo][0]]
-        limit = offs[order[hi][0]] + size[order[hi][0]]
+        # the range ends where the last member's aligned slot ends (tightfit.plan.buffers.pack
+        # rounds every buffer up to `align`), not at its last byte: the packed chain can need
+        # that padding, e.g. the 27B's u, zg, beta, alpha (the chain itself then ends off the
+        # alignment, so the buffers after it start one unit later; session 23 found every GDN
+        # site of the 27B left unmerged by this, 64 bytes short)
+        limit = -(-(offs[order[hi][0]] + size[order[hi][0]]) // align) * align
         lay, off = {}, start
         for n in chain:
             lay[n] = off

@@ -139,7 +139,7 @@ def verify_buffers(cfg: Any, m: int, ctx: int, chunk: int,
     b += [Buf(f"v_{n}", (m, E)) for n in ("x", "xn", "mix", "ffo")]
     b.append(Buf("v_xpk", (m, E // 2), "i32"))     # a norm's output as bf16 pairs (_pack_wanted)
     b += [Buf("v_y", (m, cfg.conv_dim)), Buf("v_zg", (m, cfg.value_dim)), Buf("v_o", (m, Hv, S)),
-          Buf("v_on", (m, cfg.value_dim)), Buf("v_alpha", (m, Hv)), Buf("v_beta", (m, Hv)),
+          Buf("v_on", (m, cfg.value_dim)), Buf("v_ba", (m, 2 * Hv)),
           Buf("v_qg", (m, 2 * H * D)), Buf("v_kk", (m, cfg.kv_dim)), Buf("v_vv", (m, cfg.kv_dim)),
           Buf("v_q", (m, H, D)), Buf("v_ao", (m, H * D))]
     b += [Buf(f"v_{n}", (m, cfg.n_ff)) for n in ("g", "up", "h")]
@@ -165,15 +165,24 @@ def verify_buffers(cfg: Any, m: int, ctx: int, chunk: int,
 
 
 class _Views:
-    """The buffers of one block size M (leading-M views of the m_max buffers)."""
+    """The buffers of one block size M (leading-M views of the m_max buffers). v_ba holds the GDN
+    gates: with `ba_merged` (ssm_beta and ssm_alpha one launch, merge.py) row t is [beta_t,
+    alpha_t] and beta / alpha are its two column halves; else two contiguous [M, Hv] blocks."""
 
-    def __init__(self, ws: dict[str, torch.Tensor], M: int):
+    def __init__(self, ws: dict[str, torch.Tensor], M: int, ba_merged: bool = False):
         for n, t in ws.items():
             if n.startswith("v_act_") or n in ("v_status", "v_gemv_part", "v_attn_m",
                                               "v_attn_l", "v_attn_acc", "v_conv_rows",
                                               "v_ssm_in", "v_am_val", "v_am_idx", "v_out"):
                 continue
             setattr(self, n[2:], t[:M])
+        hv = ws["v_ba"].shape[1] // 2
+        self.ba_merged = ba_merged
+        if ba_merged:
+            self.beta, self.alpha = self.ba[:, :hv], self.ba[:, hv:]
+        else:
+            flat = self.ba.reshape(-1)
+            self.beta, self.alpha = flat[:M * hv].view(M, hv), flat[M * hv:].view(M, hv)
 
 
 def planned_tokens(model: Any) -> int:
@@ -288,8 +297,17 @@ class VerifyGraph:
     def views(self, M: int) -> _Views:
         v = self._views.get(M)
         if v is None:
-            v = self._views[M] = _Views(self.ws, M)
+            v = self._views[M] = _Views(self.ws, M, self._ba_merged())
         return v
+
+    def _ba_merged(self) -> bool:
+        """Whether the executor runs every GDN layer's ssm_beta + ssm_alpha as one launch (then
+        so does the block: one [M, 2 Hv] product whose halves the GDN kernel reads strided)."""
+        c, merged = self.c, getattr(self.m, "merged", {})
+        return bool(c.recurrent_ids) and all(
+            getattr(merged.get(f"blk.{il}.ssm_beta.weight"), "names", ()) ==
+            (f"blk.{il}.ssm_beta.weight", f"blk.{il}.ssm_alpha.weight")
+            for il in c.recurrent_ids)
 
     def _act(self, M: int, inp: str, lay: int, k: int):
         key = (M, inp, lay)
@@ -357,9 +375,14 @@ class VerifyGraph:
         return None
 
     def _lin(self, x: torch.Tensor, inp: str, M: int, pairs) -> None:
+        """out = x . W^T per (matrix, out): a matrix is a name of the executor's `lin`, or one of
+        its merged groups (merge.MergedLinear: the parts' rows in one launch, out [M, sum])."""
         acts: dict = {}
         for name, out in pairs:
-            L = self.m.lin[name]
+            if isinstance(name, str):
+                L = self.m.lin[name]
+            else:
+                L, name = name, name.names[0]       # a group reads its first part's layout
             if L.kind == "quant":
                 from tightfit.kernels.gemv_route import gemv_act, quantize_into, mmh_input, mmh_routed
                 packed = (M, inp) in self._packed                   # the producer's pairs
@@ -394,9 +417,9 @@ class VerifyGraph:
         v = m.vec
         slot = st.rec_slot[il]
         u = self.conv_rows[slot, :M]
-        self._lin(B.xn, "xn", M, [(p + "attn_qkv.weight", u), (p + "attn_gate.weight", B.zg),
-                                  (p + "ssm_beta.weight", B.beta),
-                                  (p + "ssm_alpha.weight", B.alpha)])
+        gates = ([(m.merged[p + "ssm_beta.weight"], B.ba)] if B.ba_merged else [(p + "ssm_beta.weight", B.beta), (p + "ssm_alpha.weight", B.alpha)])
+        self._lin(B.xn, "xn", M, [(p + "attn_qkv.weight", u), (p + "attn_gate.weight", B.zg)]
+                  + gates)
         self.op_conv(u, st.conv, v[p + "ssm_conv1d.weight"], B.y, st.status, slot)
         self.op_gdn(B.y, B.alpha, B.beta, v[p + "ssm_dt.bias"], v[p + "ssm_a"], st.ssm,
                     self.ssm_in[slot], B.o, st.status, slot, c.ssm_k_heads, c.rms_eps)
