@@ -5,4 +5,4 @@
 export TIGHTFIT_DEVICE_EMBED=1
 T='python3 -m pytest -q -x tests/test_block_step_replay.py tests/test_verify_graph.py tests/test_merge_linears.py tests/test_spec_block.py -p no:cacheprovider -rs'
 C='python3 bench/spec.py --copycat --n-ctx 8192 --force-accept "" --real-prompts edit,quote,agent --max-tokens 256 --max-draft 16 --budget-s 150 --out $D > $D/full.txt 2>&1; rc=$?; grep -v Warn $D/full.txt | tail -8; exit $rc'
-exec bash bench/suite.sh 540 "tests|300|$T" "copycat|200|$C"
+exec bash bench/suite.sh 470 "tests|250|$T" "copycat|190|$C"
