@@ -188,7 +188,8 @@ def gdn_block(y, alpha, beta, dt_bias, ssm_a, ssm_buf, rin, o, status, slot, Hk,
     [>= M-1, Hv, 2S+1] (this layer's replay inputs, unit inner strides) -> o [M, Hv, S]."""
     _, _, Hv, S, _ = ssm_buf.shape
     M = y.shape[0]
-    if alpha.stride(-1) != 1 or beta.stride(-1) != 1 or (M > 1 and alpha.stride(0) != beta.stride(0)):
+    if (alpha.stride(-1) != 1 or beta.stride(-1) != 1
+            or (M > 1 and alpha.stride(0) != beta.stride(0))):
         raise ValueError("gdn_block: alpha and beta need unit inner strides and one row stride")
     if BV is None or num_warps is None:
         bv, nw = gdn_config()
@@ -196,8 +197,8 @@ def gdn_block(y, alpha, beta, dt_bias, ssm_a, ssm_buf, rin, o, status, slot, Hk,
         num_warps = nw if num_warps is None else num_warps
     _gdn_block_kernel[(Hv, S // BV)](y, alpha, beta, dt_bias, ssm_a, ssm_buf, rin, o, status,
                                      slot, ssm_buf.stride(0), rin.stride(0), M, y.stride(0),
-                                     alpha.stride(0), Hv, Hk, float(eps), float(S) ** -0.5, S=S, BV=BV,
-                                     num_warps=num_warps)
+                                     alpha.stride(0), Hv, Hk, float(eps), float(S) ** -0.5,
+                                     S=S, BV=BV, num_warps=num_warps)
     return o
 
 

@@ -417,7 +417,10 @@ class VerifyGraph:
         v = m.vec
         slot = st.rec_slot[il]
         u = self.conv_rows[slot, :M]
-        gates = ([(m.merged[p + "ssm_beta.weight"], B.ba)] if B.ba_merged else [(p + "ssm_beta.weight", B.beta), (p + "ssm_alpha.weight", B.alpha)])
+        if B.ba_merged:                                 # one [M, 2 Hv] product: B.beta | B.alpha
+            gates = [(m.merged[p + "ssm_beta.weight"], B.ba)]
+        else:
+            gates = [(p + "ssm_beta.weight", B.beta), (p + "ssm_alpha.weight", B.alpha)]
         self._lin(B.xn, "xn", M, [(p + "attn_qkv.weight", u), (p + "attn_gate.weight", B.zg)]
                   + gates)
         self.op_conv(u, st.conv, v[p + "ssm_conv1d.weight"], B.y, st.status, slot)
