@@ -50,6 +50,38 @@ def _close(a, b, tol=TOL):
     assert err <= tol * (np.abs(b).max() + 1e-9), f"max err {err}, scale {np.abs(b).max()}"
 
 
+def _decode_step_resynced(exe, gs, ref, rs, tok, flips, tol=TOL):
+    """One decode step of the executor and the reference, compared. Both quantize their own fp32
+    K/V rows with the same quantizer, but the rows come from different float pipelines (equal to
+    ~1e-7, not bitwise), so a value that lies on a code boundary can take the neighbouring code in
+    one of them: one such row was seen on a CPU with AVX-512 FP16 / AMX (tq3, position 9), none on
+    others. So: when the step's new K/V bytes are equal, the logits must agree to `tol`; when a row
+    differs, it must be one row of one layer, the logits may differ by what one code of that row
+    moves (1e-2 relative), and the executor's cache takes the reference's bytes, so the next steps
+    are compared strictly again on identical codes (what the attention over codes must match).
+    Appends (position, layer) of every resynced row to `flips`; returns the reference's argmax."""
+    pos = rs.pos
+    lr = ref.forward([tok], rs, logits="last")
+    lg = exe.forward([tok], gs, logits="last")
+    differ = []
+    for il in ref.config.attention_ids:
+        kb, vb = rs.kv_bytes(il, pos + 1)
+        s = rs.attn_slot[il]
+        for mine, want in ((gs.k[s, :pos + 1], kb), (gs.v[s, :pos + 1], vb)):
+            if not torch.equal(mine[:pos], want[:pos]):
+                raise AssertionError(f"layer {il}: rows before {pos} changed")
+            if not torch.equal(mine[pos], want[pos]):
+                differ.append(il)
+                mine[pos].copy_(want[pos])
+    if not differ:
+        _close(lg, lr, tol)
+    else:
+        assert len(differ) == 1, f"position {pos}: rows of {differ} differ"
+        _close(lg, lr, 1e-2)
+        flips.append((pos, differ[0]))
+    return int(lr.argmax()), int(lg.argmax())
+
+
 @pytest.fixture
 def small_single_pass():
     """Decoding past SINGLE_PASS_MAX is impractical on the CPU: shrink it (with chunk=4) so the
@@ -75,13 +107,12 @@ def test_prefill_then_decode_matches_reference(tiny, kv_type, small_single_pass)
     kb, vb = rs.kv_bytes(tiny.config.attention_ids[0], 5)
     assert torch.equal(gs.k[s, :5], kb) and torch.equal(gs.v[s, :5], vb)
     # decode: positions 5..13, single pass up to T = 6, split-K (chunk 4) after
-    tok_r = tok_g = int(rng.integers(0, tiny.config.n_vocab))
+    tok = int(rng.integers(0, tiny.config.n_vocab))
+    flips: list = []
     for _ in range(9):
-        lr = ref.forward([tok_r], rs, logits="last")
-        lg = exe.forward([tok_g], gs, logits="last")
-        _close(lg, lr)
-        tok_r, tok_g = int(lr.argmax()), int(lg.argmax())
-        assert tok_r == tok_g
+        tok, tok_g = _decode_step_resynced(exe, gs, ref, rs, tok, flips)
+        assert tok == tok_g
+    assert len(flips) <= 2, flips
     assert gs.pos == rs.pos == 14
     kb, vb = rs.kv_bytes(tiny.config.attention_ids[-1], 14)
     s = rs.attn_slot[tiny.config.attention_ids[-1]]
@@ -176,12 +207,12 @@ def test_placed_quant_kv_matches_reference(tiny, kv_type, small_single_pass):
     rng = np.random.default_rng(3)
     prompt = rng.integers(0, c.n_vocab, 5).tolist()
     _close(exe.forward(prompt, gs, logits="all"), ref.forward(prompt, rs, logits="all"))
-    tok_r = tok_g = int(rng.integers(0, c.n_vocab))
+    tok = int(rng.integers(0, c.n_vocab))
+    flips: list = []
     for _ in range(5):                       # T = 6..10: single pass, then split-K (chunk 4)
-        lr, lg = ref.forward([tok_r], rs, logits="last"), exe.forward([tok_g], gs, logits="last")
-        _close(lg, lr)
-        tok_r, tok_g = int(lr.argmax()), int(lg.argmax())
-        assert tok_r == tok_g
+        tok, tok_g = _decode_step_resynced(exe, gs, ref, rs, tok, flips)
+        assert tok == tok_g
+    assert len(flips) <= 1, flips
     il = c.attention_ids[-1]
     kb, vb = rs.kv_bytes(il, 10)
     assert torch.equal(gs.k[rs.attn_slot[il], :10], kb)
