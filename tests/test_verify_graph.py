@@ -376,6 +376,20 @@ def _torch_gemv_act():
     return gemv
 
 
+def _record_gemv(monkeypatch, dev, record):
+    """gemv_route.gemv_act replaced by one that calls record(act, out) first, then computes: the
+    real GEMV on a GPU, the torch product on the int8 codes under the interpreter."""
+    from tightfit.kernels import gemv_route
+    real_g, torch_gemv = gemv_route.gemv_act, _torch_gemv_act()
+
+    def gemv(act, w, qtype, n_out, out, workspace=None):
+        record(act, out)
+        if dev == "cuda":
+            return real_g(act, w, qtype, n_out, out, workspace)
+        return torch_gemv(act, w, qtype, n_out, out, workspace)
+    monkeypatch.setattr(gemv_route, "gemv_act", gemv)
+
+
 def test_fused_activation_quant_matches_separate_launches(small_q4, monkeypatch):
     """The block's norms / SwiGLU / gated norm write their output's int8 copy themselves (as the
     step does) and the separate quantize launches go: every GEMV reads the same int8 activations
@@ -390,17 +404,11 @@ def test_fused_activation_quant_matches_separate_launches(small_q4, monkeypatch)
     from tightfit.kernels.gemv_route import is_cuda
     from tightfit.model import verify_graph as VG
     calls, seen = [], []
-    real_q, real_g = gemv_route.quantize_into, gemv_route.gemv_act
+    real_q = gemv_route.quantize_into
     monkeypatch.setattr(gemv_route, "quantize_into",
                         lambda x, lay, qa: calls.append(lay) or real_q(x, lay, qa))
-    torch_gemv = _torch_gemv_act()
-
-    def gemv(act, w, qtype, n_out, out, workspace=None):
-        seen.append((act.q.clone(), act.d.clone(), act.s16.clone()))
-        if dev == "cuda":
-            return real_g(act, w, qtype, n_out, out, workspace)
-        return torch_gemv(act, w, qtype, n_out, out, workspace)
-    monkeypatch.setattr(gemv_route, "gemv_act", gemv)
+    _record_gemv(monkeypatch, dev,
+                 lambda act, out: seen.append((act.q.clone(), act.d.clone(), act.s16.clone())))
     c = small_q4.config
     prompt = _prompt(small_q4, 2, 3)
     got = {}
@@ -448,17 +456,9 @@ def test_merged_gates_one_launch_same_logits(small_q4_gates, monkeypatch):
     dev = "cpu" if INTERP else "cuda"
     if not INTERP and not torch.cuda.is_available():
         pytest.skip("needs TRITON_INTERPRET=1 or CUDA")
-    from tightfit.kernels import gemv_route
     from tightfit.model import verify_graph as VG
-    real_g, torch_gemv = gemv_route.gemv_act, _torch_gemv_act()
     shapes = []
-
-    def gemv(act, w, qtype, n_out, out, workspace=None):
-        shapes.append(tuple(out.shape))
-        if dev == "cuda":
-            return real_g(act, w, qtype, n_out, out, workspace)
-        return torch_gemv(act, w, qtype, n_out, out, workspace)
-    monkeypatch.setattr(gemv_route, "gemv_act", gemv)
+    _record_gemv(monkeypatch, dev, lambda act, out: shapes.append(tuple(out.shape)))
     c = small_q4_gates.config
     prompt = _prompt(small_q4_gates, 2, 5)
     got = {}
