@@ -390,6 +390,17 @@ def _record_gemv(monkeypatch, dev, record):
     monkeypatch.setattr(gemv_route, "gemv_act", gemv)
 
 
+def _prefilled_block(mf, monkeypatch, dev, prompt, env: str, value: str):
+    """With `env` = value: an executor on `dev` (Triton kernels), a state holding `prompt`, and
+    its verify block of up to 3 tokens (not run yet)."""
+    from tightfit.model import verify_graph as VG
+    monkeypatch.setenv(env, value)
+    exe = _exe(mf, True, device=dev)
+    st = exe.new_state(128)
+    exe.forward(prompt, st, logits="none")
+    return exe, st, VG.VerifyGraph(exe, 3)
+
+
 def test_fused_activation_quant_matches_separate_launches(small_q4, monkeypatch):
     """The block's norms / SwiGLU / gated norm write their output's int8 copy themselves (as the
     step does) and the separate quantize launches go: every GEMV reads the same int8 activations
@@ -402,7 +413,6 @@ def test_fused_activation_quant_matches_separate_launches(small_q4, monkeypatch)
         pytest.skip("needs TRITON_INTERPRET=1 or CUDA")
     from tightfit.kernels import gemv_route
     from tightfit.kernels.gemv_route import is_cuda
-    from tightfit.model import verify_graph as VG
     calls, seen = [], []
     real_q = gemv_route.quantize_into
     monkeypatch.setattr(gemv_route, "quantize_into",
@@ -413,12 +423,9 @@ def test_fused_activation_quant_matches_separate_launches(small_q4, monkeypatch)
     prompt = _prompt(small_q4, 2, 3)
     got = {}
     for fuse in ("1", "0"):
-        monkeypatch.setenv("TIGHTFIT_FUSE_QUANT", fuse)
-        exe = _exe(small_q4, True, device=dev)
+        exe, st, vg = _prefilled_block(small_q4, monkeypatch, dev, prompt, "TIGHTFIT_FUSE_QUANT",
+                                       fuse)
         assert exe.fuse_quant == (fuse == "1")
-        st = exe.new_state(128)
-        exe.forward(prompt, st, logits="none")
-        vg = VG.VerifyGraph(exe, 3)
         # Q4_0: v1 layouts under the interpreter, the CUDA GEMV's layout 200 on a GPU: fusable
         assert vg.layout and all(0 <= lay < 4 or is_cuda(lay) for lay in vg.layout.values())
         calls.clear()
@@ -453,21 +460,15 @@ def test_merged_gates_one_launch_same_logits(small_q4_gates, monkeypatch):
     [M, 2 Hv] product too (one launch fewer per GDN layer) and the GDN kernel reads its two
     halves: the logits equal the block's with merging off. The GEMV is the torch product on the
     int8 codes under the interpreter (as above), the real one on a GPU."""
-    dev = "cpu" if INTERP else "cuda"
-    if not INTERP and not torch.cuda.is_available():
-        pytest.skip("needs TRITON_INTERPRET=1 or CUDA")
-    from tightfit.model import verify_graph as VG
+    dev = "cpu" if INTERP else "cuda"     # no GPU: the kernels are interpreted (_interp)
     shapes = []
     _record_gemv(monkeypatch, dev, lambda act, out: shapes.append(tuple(out.shape)))
     c = small_q4_gates.config
     prompt = _prompt(small_q4_gates, 2, 5)
     got = {}
     for merge in ("1", "0"):
-        monkeypatch.setenv("TIGHTFIT_MERGE_LINEARS", merge)
-        exe = _exe(small_q4_gates, True, device=dev)
-        st = exe.new_state(128)
-        exe.forward(prompt, st, logits="none")
-        vg = VG.VerifyGraph(exe, 3)
+        _, st, vg = _prefilled_block(small_q4_gates, monkeypatch, dev, prompt,
+                                     "TIGHTFIT_MERGE_LINEARS", merge)
         assert vg._ba_merged() == (merge == "1")
         shapes.clear()
         with torch.no_grad():
