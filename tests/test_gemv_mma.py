@@ -25,9 +25,14 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c+
 
 from tightfit.kernels import gemv_mma as gm  # noqa: E402
 
-NAMES = {8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 23: "IQ4_XS"}
+NAMES = {8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 23: "IQ4_XS", 17: "IQ2_XS",
+         18: "IQ3_XXS", 21: "IQ3_S", 22: "IQ2_S"}
 TYPES = list(NAMES)
-F16_FIELDS = {8: [0], 12: [0, 2], 13: [0, 2], 14: [208], 23: [0]}
+F16_FIELDS = {8: [0], 12: [0, 2], 13: [0, 2], 14: [208], 23: [0], 17: [0], 18: [0], 21: [0],
+              22: [0]}
+# k slots of a SPLIT format's first 16-element half: lanes 0-1's (4t.. and 16 + 4t..)
+HALF0 = np.array([s for tt in (0, 1) for s in (*range(4 * tt, 4 * tt + 4),
+                                               *range(16 + 4 * tt, 20 + 4 * tt))])
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc"
                                 if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
 
@@ -67,6 +72,26 @@ def lane_tiles(t, blks, xs, j):
     return A, B, ws, wm
 
 
+def group_value(t, A, B, ws, wm, xsum):
+    """[16, 8] value of one group from its assembled tiles, as the kernel's epilogue forms it:
+    ws * (A.B) - wm * x-sum, or for a SPLIT format ws * (half 0's dot) + wm * (half 1's): each
+    half's dot is the mma with the other half's B slots zeroed."""
+    if not gm.host_info(t)["SPLIT"]:
+        return ws[:, None] * (A @ B) - wm[:, None] * xsum[None, :]
+    lo = np.zeros(A.shape[1], bool)
+    lo[HALF0] = True
+    return ws[:, None] * (A[:, lo] @ B[lo]) + wm[:, None] * (A[:, ~lo] @ B[~lo])
+
+
+def test_split_halves_are_the_scale_halves():
+    """The lanes that form half 0 hold elements 0..15 of the group (the first scale nibble)."""
+    for t in (17, 22):
+        xb = (np.arange(256) % 32).astype(np.int8)
+        blks = rand_blocks(np.random.default_rng(2), t, 16)
+        _, B, _, _ = lane_tiles(t, blks, [xb] * 8, 0)
+        assert sorted(B[HALF0, 0].tolist()) == list(range(16))
+
+
 @pytest.mark.parametrize("t", TYPES, ids=NAMES.get)
 def test_slots_are_a_permutation(t):
     """x byte = its position inside the group: what the B tile holds per slot is then the
@@ -94,9 +119,8 @@ def test_tiles_match_reference(t):
         X = rng.integers(-127, 128, size=(8, qk)).astype(np.int8)
         for j in range(info["NG"]):
             A, B, ws, wm = lane_tiles(t, blks, list(X), j)
-            D = A @ B                                            # int64: the mma's exact result
             xsum = X[:, ks * j:ks * j + ks].astype(np.int64).sum(axis=1)
-            got = ws[:, None] * D - wm[:, None] * xsum[None, :]
+            got = group_value(t, A, B, ws, wm, xsum)             # A, B int64: the mma's exact dots
             ref = W[:, ks * j:ks * j + ks] @ X[:, ks * j:ks * j + ks].astype(np.float64).T
             scale = np.abs(W[:, ks * j:ks * j + ks]).sum(axis=1, keepdims=True) * 127 + 1e-30
             err = np.abs(got - ref) / scale
@@ -123,10 +147,9 @@ def test_emulated_gemv(t):
     for b in range(nblk):
         for j in range(info["NG"]):
             A, B, ws, wm = lane_tiles(t, blks[:, b], list(q[:, b * qk:(b + 1) * qk]), j)
-            D = A @ B
             e = b * qk + ks * j
             xs = s16[:, e // 16] + (s16[:, e // 16 + 1] if ks == 32 else 0)
-            y += d[:, e // 32][None, :] * (ws[:, None] * D - (wm[:, None] * xs[None, :]))
+            y += d[:, e // 32][None, :] * group_value(t, A, B, ws, wm, xs)
     ref = W @ (q.astype(np.float64) * np.repeat(d, 32, axis=1)).T
     e = np.linalg.norm(y - ref) / np.linalg.norm(ref)
     assert e < 1e-5, f"{NAMES[t]}: {e:.2e}"

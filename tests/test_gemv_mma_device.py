@@ -29,7 +29,8 @@ from _gpu_blocks import capture, check_graph_replay, gemv_errors, rand_weights  
 
 pytestmark = [pytest.mark.gpu]
 
-NAMES = {8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 23: "IQ4_XS"}
+NAMES = {8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 23: "IQ4_XS", 17: "IQ2_XS",
+         18: "IQ3_XXS", 21: "IQ3_S", 22: "IQ2_S"}
 TYPES = list(NAMES)
 SHAPES = [(5120, 17408), (17408, 5120), (5120, 1024), (5120, 40), (2304, 300)]
 NS = [1, 2, 4, 5, 8, 11, 16]

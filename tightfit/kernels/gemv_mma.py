@@ -46,10 +46,11 @@ import numpy as np
 import torch
 
 from tightfit.kernels import cuda_runtime as _rt
-from tightfit.kernels.cuda_source import CUDA_DIR, COMMON, source_hash
+from tightfit.kernels.cuda_source import CUDA_DIR, formats_source, source_hash
 from tightfit.kernels.gemv_cuda import check_type, check_operands, check_shape, layout0
 
 MMA = "gemv_mma.cuh"
+MMA_IQ = "gemv_mma_iq.cuh"          # the grid formats (IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S)
 PIPE = "gemv_mma_pipe.cuh"
 THREADS = 256                       # TF_MMA_THREADS
 WARPS = THREADS // 32
@@ -67,13 +68,13 @@ KERNELS = {(1, 1): "tf_mma<{m}, 1>", (2, 1): "tf_mma<{m}, 2>", (1, 2): "tf_mma_r
 # Pipelined variant (gemv_mma_pipe.cuh: weights staged through a per-warp cp.async ring of NST
 # stages), NT = 1 only (N <= 8), every format whose load() takes shared memory (not Q8_0).
 PIPE_KERNEL = "tf_mma_pipe<{m}, {rt}, {nst}>"
-PIPE_TYPES = (12, 13, 14, 23)
+PIPE_TYPES = (12, 13, 14, 23, 17, 18, 21, 22)
 PIPE_NSTS = (2, 3)
 # Measured on the H200 (session 10 call 1, bench/gemv.py --impls mma, us per matrix with the
 # activation quantization, N = 5, tf_mma_rt -> pipe rt 2 / nst 2): Q6_K 5120->17408 63.5 -> 52.0,
 # 17408->5120 62.0 -> 55.9, 5120->248320 651 -> 501 (dp4a gemv_cuda: 56.8, 61.3, 693); IQ4_XS,
 # Q4_K, Q5_K 2-20 % slower than tf_mma_rt at every N (their loads are not the limit). So the pipe
-# is the default for Q6_K only (TIGHTFIT_MMA_PIPE=1: every PIPE_TYPE, 0: none).
+# is the default for Q6_K only (TIGHTFIT_MMA_PIPE=1: every PIPE_TYPE, 0: none, "18,22": those types).
 PIPE_DEFAULT_TYPES = (14,)
 DEFAULT_NST = 2
 PIPE_RT: dict[int, int] = {}        # per-type row tiles (else DEFAULT_RT)
@@ -119,16 +120,19 @@ def _min_blocks() -> int:
 
 
 def source() -> str:
-    """Translation unit: gemv_common.cuh + gemv_mma.cuh + gemv_mma_pipe.cuh."""
-    return ((CUDA_DIR / COMMON).read_text() + "\n// ---- " + MMA + "\n"
-            + (CUDA_DIR / MMA).read_text() + "\n// ---- " + PIPE + "\n"
+    """Translation unit: the CUDA GEMV's formats (gemv_common.cuh, the IQ tables, the dp4a
+    formats, whose grid decoders the grid formats share) + gemv_mma.cuh + gemv_mma_iq.cuh +
+    gemv_mma_pipe.cuh."""
+    return (formats_source(False, lowbit=True) + "\n// ---- " + MMA + "\n"
+            + (CUDA_DIR / MMA).read_text() + "\n// ---- " + MMA_IQ + "\n"
+            + (CUDA_DIR / MMA_IQ).read_text() + "\n// ---- " + PIPE + "\n"
             + (CUDA_DIR / PIPE).read_text())
 
 
 @lru_cache(maxsize=1)
 def _formats() -> dict[int, str]:
     src = (CUDA_DIR / MMA).read_text()
-    m = re.search(r"#define\s+TF_MMA_FORMATS\(X\)([^\n]*)", src)
+    m = re.search(r"#define\s+TF_MMA_FORMATS\(X\)((?:[^\n]*\\\n)*[^\n]*)", src)
     return {int(t): n for n, t in _FMT_RE.findall(m.group(1))} if m else {}
 
 
@@ -151,7 +155,7 @@ def capable(device: int) -> bool:
 def _fmt_const(qtype: int, name: str) -> int:
     """A static constexpr int of a format struct (QK, BB, KS, NG, U), parsed from the header."""
     st = _formats()[int(qtype)]
-    src = (CUDA_DIR / MMA).read_text()
+    src = (CUDA_DIR / MMA).read_text() + (CUDA_DIR / MMA_IQ).read_text()
     m = re.search(r"struct\s+" + re.escape(st) + r"\s*\{(.*?)\n\};", src, re.S)
     v = re.search(r"\b" + name + r"\s*=\s*(\d+)", m.group(1)) if m else None
     if v is None:
@@ -231,7 +235,12 @@ def _pipe_choice(qtype: int, config: dict | None) -> tuple[int, int] | None:
     on = cfg.get("pipe")
     if on is None:
         env = os.environ.get("TIGHTFIT_MMA_PIPE", "").strip()
-        on = int(qtype) in PIPE_DEFAULT_TYPES if env == "" else env != "0"
+        if env == "":
+            on = int(qtype) in PIPE_DEFAULT_TYPES
+        elif "," in env or env not in ("0", "1"):     # a list of type ids (A/B timing)
+            on = int(qtype) in {int(v) for v in env.split(",") if v.strip()}
+        else:
+            on = env != "0"
     if not on or int(qtype) not in PIPE_TYPES:
         return None
     rt = int(cfg.get("rt", 0)) or PIPE_RT.get(int(qtype), 0) or int(
@@ -507,11 +516,12 @@ extern "C" int tf_mma_host_frag(int qtype, const uint8_t* blk, const int8_t* xb,
   }
   return -1;
 }
-extern "C" int tf_mma_host_info(int qtype, int* out) {  // QK, BB, KS, NG, U, MINS, U1, U2
+extern "C" int tf_mma_host_info(int qtype, int* out) {  // QK, BB, KS, NG, U, MINS, U1, U2, .., SPLIT
   switch (qtype) {
 #define TF_CASE(M, T) case T: out[0] = M::QK; out[1] = M::BB; out[2] = M::KS; out[3] = M::NG; \
     out[4] = M::U; out[5] = M::MINS; out[6] = tf_mma_u<M, 1>::U; out[7] = tf_mma_u<M, 2>::U; \
-    out[8] = tf_mma_u<M, 1, 2>::U; out[9] = tf_mma_u<M, 2, 2>::U; return 0;
+    out[8] = tf_mma_u<M, 1, 2>::U; out[9] = tf_mma_u<M, 2, 2>::U; out[10] = tf_mma_split<M>::v; \
+    return 0;
     TF_MMA_FORMATS(TF_CASE)
 #undef TF_CASE
   }
@@ -584,10 +594,10 @@ def _host() -> ctypes.CDLL:
 
 
 def host_info(qtype: int) -> dict:
-    out = np.zeros(10, np.int32)
+    out = np.zeros(11, np.int32)
     if _host().tf_mma_host_info(int(qtype), out.ctypes.data):
         raise ValueError(f"MMA GEMV: no format for GGML type {qtype}")
-    return dict(zip(("QK", "BB", "KS", "NG", "U", "MINS", "U1", "U2", "U1R2", "U2R2"),
+    return dict(zip(("QK", "BB", "KS", "NG", "U", "MINS", "U1", "U2", "U1R2", "U2R2", "SPLIT"),
                     (int(v) for v in out)))
 
 

@@ -179,6 +179,11 @@ def split_bound(n: int = 1) -> int:
 # atomics (session 10), 16.27 without the kernel (session 11, bench/RESULTS.md).
 # The decode step (N = 1) never routes here.
 MMA_MIN_N = {12: 3, 13: 3, 23: 4, 14: 8, 8: 9}
+# The grid formats (gemv_mma_iq.cuh, session 24): IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S. Their dp4a
+# kernels decode a table gather per 4-8 weights and repeat the activation side per column, so the
+# tensor core pays from few columns (crossover: bench/RESULTS.md, session 24).
+# TIGHTFIT_MMA_GRID=0 keeps them on gemv_cuda (A/B timing).
+MMA_MIN_N_GRID = {17: 3, 18: 3, 21: 3, 22: 3}
 # Q6_K on the cp.async-pipelined kernel (gemv_mma_pipe, its default since session 10): at N = 5
 # 52.0 / 55.9 / 501 us vs gemv_cuda's 56.8 / 61.3 / 693 on 5120->17408 / 17408->5120 / the output
 # head (bench/RESULTS.md session 10, call 1), so it routes from N = 5 (N = 4 not measured).
@@ -209,6 +214,8 @@ def mma_min_n(qtype: int, weights: int | None = None) -> int | None:
     """Smallest column count routed to gemv_mma for `qtype` (None: never); weights (n_in * n_out)
     applies the matrix-size buckets (MMA_MIN_N_BY_SIZE)."""
     m = MMA_MIN_N.get(int(qtype))
+    if m is None and _grid_on():
+        m = MMA_MIN_N_GRID.get(int(qtype))
     if m is not None and int(qtype) in MMA_MIN_N_PIPE:
         from tightfit.kernels import gemv_mma
         if gemv_mma.pipe_default(int(qtype)):
@@ -219,6 +226,10 @@ def mma_min_n(qtype: int, weights: int | None = None) -> int | None:
                 m = max(m, n)
                 break
     return m
+
+
+def _grid_on() -> bool:
+    return os.environ.get("TIGHTFIT_MMA_GRID", "1").strip() not in ("0", "off", "false", "no")
 
 
 def _mma_on() -> bool:

@@ -347,7 +347,14 @@ struct M_IQ4_XS {
 template <class M, class = void> struct tf_mma_off { static constexpr int v = 0; };
 template <class M> struct tf_mma_off<M, decltype((void)M::OFF)> { static constexpr int v = M::OFF; };
 
-#define TF_MMA_FORMATS(X) X(M_Q8_0, 8) X(M_Q4_K, 12) X(M_Q5_K, 13) X(M_Q6_K, 14) X(M_IQ4_XS, 23)
+// Formats whose 32-element groups carry one scale per 16-element half (SPLIT; gemv_mma_iq.cuh):
+// scale() returns (ws of half 0, ws of half 1), and lanes 0-1 hold half 0's elements.
+template <class M, class = void> struct tf_mma_split { static constexpr bool v = false; };
+template <class M> struct tf_mma_split<M, decltype((void)M::SPLIT)> { static constexpr bool v = M::SPLIT; };
+
+// The grid formats' structs are in gemv_mma_iq.cuh (included after this file).
+#define TF_MMA_FORMATS(X) X(M_Q8_0, 8) X(M_Q4_K, 12) X(M_Q5_K, 13) X(M_Q6_K, 14) X(M_IQ4_XS, 23) \
+  X(M_IQ2_XS, 17) X(M_IQ3_XXS, 18) X(M_IQ3_S, 21) X(M_IQ2_S, 22)
 
 // Blocks per step: the format's U at NT = RT = 1; at NT = 2 the second tile's hoisted x words,
 // scales and sums take the registers of U - 1 blocks' raw words (ptxas spilled at U = 2, 128
@@ -620,6 +627,56 @@ TF_DEV void tf_mma_block(const typename M::Raw (&r0)[RT], const typename M::Raw 
         acc[rt][T][1] = fmaf(-k0[rt].dmin, dm[1], acc[rt][T][1]);
         acc[rt][T][2] = fmaf(-k1[rt].dmin, dm[2], acc[rt][T][2]);
         acc[rt][T][3] = fmaf(-k1[rt].dmin, dm[3], acc[rt][T][3]);
+      }
+    }
+  } else if constexpr (tf_mma_split<M>::v) {   // IQ2_XS, IQ2_S: a scale per 16-element half
+    // Lanes 0-1 hold a group's first half, 2-3 its second: one mma per half on the whole A
+    // fragment with the other half's B slots zeroed (B is shared by every row tile: 4 selects per
+    // group and tile), each half's dot scaled by its own ws.
+    const bool half0 = t < 2;
+#pragma unroll
+    for (int ch = 0; ch < 4; ++ch) {                         // 64-element chunks: groups 2ch, 2ch+1
+      uint32_t w0[RT][2][2], w1[RT][2][2];
+      float sa0[RT][2], sb0[RT][2], sa1[RT][2], sb1[RT][2];
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          M::afrag(r0[rt], t, 2 * ch + q, w0[rt][q]);
+          M::afrag(r1[rt], t, 2 * ch + q, w1[rt][q]);
+          M::scale(r0[rt], 2 * ch + q, sa0[rt][q], sb0[rt][q]);
+          M::scale(r1[rt], 2 * ch + q, sa1[rt][q], sb1[rt][q]);
+        }
+#pragma unroll
+      for (int T = 0; T < NT; ++T) {
+        const int8_t* __restrict__ xp = xq + (xo[T] + bb * M::QK);
+        float xd2[2][2];
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) tf_mma_ldf<2>(xd + (co[T][cc] + bb * 8 + 2 * ch), xd2[cc]);
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          uint32_t b[2];
+          M::xfrag(xp, t, 2 * ch + q, b);
+          const uint32_t bl[2] = {half0 ? b[0] : 0u, half0 ? b[1] : 0u};
+          const uint32_t bh[2] = {half0 ? 0u : b[0], half0 ? 0u : b[1]};
+          const int c[2] = {TF_F32_BIAS, TF_F32_BIAS};
+#pragma unroll
+          for (int rt = 0; rt < RT; ++rt) {
+            const uint32_t a[4] = {w0[rt][q][0], w1[rt][q][0], w0[rt][q][1], w1[rt][q][1]};
+            int dl[4], dh[4];
+            tf_mma_k32(a, bl, c, dl);
+            tf_mma_k32(a, bh, c, dh);
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+              const float s0 = fmaf(sa0[rt][q], tf_biased_f32(dl[cc]),
+                                    sb0[rt][q] * tf_biased_f32(dh[cc]));
+              const float s1 = fmaf(sa1[rt][q], tf_biased_f32(dl[2 + cc]),
+                                    sb1[rt][q] * tf_biased_f32(dh[2 + cc]));
+              acc[rt][T][cc] = fmaf(xd2[cc][q], s0, acc[rt][T][cc]);
+              acc[rt][T][2 + cc] = fmaf(xd2[cc][q], s1, acc[rt][T][2 + cc]);
+            }
+          }
+        }
       }
     }
   } else {
