@@ -106,6 +106,28 @@ def test_q6_k_crossover_follows_the_pipelined_kernel(monkeypatch):
     assert all(R.mma_min_n(t) == R.MMA_MIN_N[t] for t in R.MMA_MIN_N)
 
 
+def test_grid_formats_route_from_five_columns_on_the_ring(monkeypatch):
+    """IQ2_XS / IQ3_XXS / IQ3_S / IQ2_S: on gemv_mma from N = 5 (session 24, call 1), on the
+    cp.async ring at one row tile; TIGHTFIT_MMA_GRID=0 keeps them on gemv_cuda; a type list in
+    TIGHTFIT_MMA_PIPE picks the ring per type."""
+    monkeypatch.setattr(gemv_mma, "available", lambda: True)
+    monkeypatch.setattr(gemv_mma, "capable", lambda dev: True)
+    monkeypatch.setenv("TIGHTFIT_GEMV_MMA", "1")
+    monkeypatch.delenv("TIGHTFIT_MMA_PIPE", raising=False)
+    monkeypatch.delenv("TIGHTFIT_MMA_GRID", raising=False)
+    monkeypatch.delenv("TIGHTFIT_MMA_RT", raising=False)
+    for t in (17, 18, 21, 22):
+        assert R.mma_routed(t, 5, FakeCuda) and R.mma_routed(t, 16, FakeCuda)
+        assert not R.mma_routed(t, 4, FakeCuda) and not R.mma_routed(t, 1, FakeCuda)
+        assert gemv_mma._pipe_choice(t, None) == (1, gemv_mma.DEFAULT_NST)
+    monkeypatch.setenv("TIGHTFIT_MMA_GRID", "0")
+    assert not any(R.mma_routed(t, 5, FakeCuda) for t in (17, 18, 21, 22))
+    assert R.mma_routed(13, 5, FakeCuda)                 # the other formats are not affected
+    monkeypatch.setenv("TIGHTFIT_MMA_PIPE", "18,22")
+    assert gemv_mma._pipe_choice(18, None) and gemv_mma._pipe_choice(22, None)
+    assert gemv_mma._pipe_choice(14, None) is None and gemv_mma._pipe_choice(17, None) is None
+
+
 def test_small_matrices_cross_over_later(monkeypatch):
     """The size buckets (session 14, call 11: the tensor-core kernel's ~10 us fixed cost) only ever
     raise a type's crossover, raise it less as matrices grow, and leave the FFN-sized matrices and

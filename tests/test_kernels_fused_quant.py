@@ -97,6 +97,30 @@ def test_swiglu_quant(n, layout):
     assert (ref[0].cpu().float() - got[0].cpu().float()).abs().max() <= 1
 
 
+@pytest.mark.parametrize("quant", [False, True])
+def test_swiglu_on_the_halves_of_a_merged_product(quant):
+    """g and u as the column halves of one [rows, 2W] buffer (a merged gate + up product in the
+    verify block): bitwise what the kernel gives on contiguous copies, fused quantization too;
+    a view with another layout is refused."""
+    rows, w = 5, 1056
+    g = torch.Generator().manual_seed(7 + quant)
+    gu = _rand((rows, 2 * w), g, 4.0)
+    a, b = gu[:, :w], gu[:, w:]
+    o_s, o_c = torch.empty(rows, w, device=gu.device), torch.empty(rows, w, device=gu.device)
+    q_s, q_c = (_bufs(rows, w), _bufs(rows, w)) if quant else (None, None)
+    N.swiglu(a, b, o_s, quant_out=q_s)
+    N.swiglu(a.contiguous(), b.contiguous(), o_c, quant_out=q_c)
+    assert torch.equal(o_s.cpu(), o_c.cpu())
+    if quant:
+        _same(q_s, q_c)
+    ref = N.swiglu_ref(a, b, torch.empty_like(o_c))
+    assert torch.allclose(ref.cpu(), o_c.cpu(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError):
+        N.swiglu(gu[:, ::2], b, o_s)              # columns 2 apart
+    with pytest.raises(ValueError):
+        N.swiglu(a, b.contiguous(), o_s)          # two row strides
+
+
 @pytest.mark.parametrize("layout", [0, 2])
 @pytest.mark.parametrize("rows,S", [(48, 128), (6, 128), (4, 64), (3, 32), (2, 96)])
 def test_gated_rmsnorm_quant(rows, S, layout):

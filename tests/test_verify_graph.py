@@ -458,8 +458,10 @@ def small_q4_gates(tmp_path_factory):
 def test_merged_gates_one_launch_same_logits(small_q4_gates, monkeypatch):
     """Where the executor merged ssm_beta + ssm_alpha (merge.py), the block runs them as one
     [M, 2 Hv] product too (one launch fewer per GDN layer) and the GDN kernel reads its two
-    halves: the logits equal the block's with merging off. The GEMV is the torch product on the
-    int8 codes under the interpreter (as above), the real one on a GPU."""
+    halves; where it merged ffn_gate + ffn_up, one [M, 2 n_ff] product whose column halves the
+    SwiGLU reads (one launch fewer per layer). The logits equal the block's with merging off.
+    The GEMV is the torch product on the int8 codes under the interpreter (as above), the real
+    one on a GPU."""
     dev = "cpu" if INTERP else "cuda"     # no GPU: the kernels are interpreted (_interp)
     shapes = []
     _record_gemv(monkeypatch, dev, lambda act, out: shapes.append(tuple(out.shape)))
@@ -470,14 +472,20 @@ def test_merged_gates_one_launch_same_logits(small_q4_gates, monkeypatch):
         _, st, vg = _prefilled_block(small_q4_gates, monkeypatch, dev, prompt,
                                      "TIGHTFIT_MERGE_LINEARS", merge)
         assert vg._ba_merged() == (merge == "1")
+        ffn = [[f"blk.{il}.ffn_gate.weight", f"blk.{il}.ffn_up.weight"] for il in range(c.n_layer)]
+        assert all((vg._merged_pair(n) is not None) == (merge == "1") for n in ffn)
         shapes.clear()
         with torch.no_grad():
             vg._pass(st, 3, "single")
         got[merge] = (vg.views(3).logits.clone(), list(shapes))
-    hv, n_rec = c.ssm_v_heads, len(c.recurrent_ids)
+    hv, n_rec, ff = c.ssm_v_heads, len(c.recurrent_ids), c.n_ff
     assert got["1"][1].count((3, 2 * hv)) == n_rec and got["1"][1].count((3, hv)) == 0
+    # (the tiny model's other products can have these widths too: attention's q + gate, the GDN
+    # gate: count what merging changes)
+    assert got["1"][1].count((3, 2 * ff)) - got["0"][1].count((3, 2 * ff)) == c.n_layer
+    assert got["0"][1].count((3, ff)) - got["1"][1].count((3, ff)) == 2 * c.n_layer
     assert got["0"][1].count((3, hv)) == 2 * n_rec
-    assert len(got["0"][1]) - len(got["1"][1]) == n_rec
+    assert len(got["0"][1]) - len(got["1"][1]) == n_rec + c.n_layer
     torch.testing.assert_close(got["1"][0], got["0"][0], rtol=1e-6, atol=1e-6)
 
 

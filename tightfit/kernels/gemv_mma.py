@@ -3,7 +3,8 @@
 tightfit/kernels/cuda/gemv_mma.cuh holds the kernels (tf_mma<M, NT>: one warp per 16-row tile;
 tf_mma_rt<M, 1, 2>: two 16-row tiles per warp; one mma.m16n8k32 / m16n8k16 per weight group,
 row tile and 8-column B tile, fp32 epilogue per group) and the per-format fragment decoders
-(M_Q8_0, M_Q4_K, M_Q5_K, M_Q6_K, M_IQ4_XS). Same contract as gemv_cuda.gemv_cuda: x is
+(M_Q8_0, M_Q4_K, M_Q5_K, M_Q6_K, M_IQ4_XS; gemv_mma_iq.cuh: M_IQ2_XS, M_IQ3_XXS, M_IQ3_S,
+M_IQ2_S). Same contract as gemv_cuda.gemv_cuda: x is
 quantize_act's layout 0, out is fp32 [N, n_out], launched on torch's current stream with raw
 pointers, nothing allocated per call (CUDA-graph capturable after one warm-up call per type, or
 `prepare()`).
@@ -75,9 +76,12 @@ PIPE_NSTS = (2, 3)
 # 17408->5120 62.0 -> 55.9, 5120->248320 651 -> 501 (dp4a gemv_cuda: 56.8, 61.3, 693); IQ4_XS,
 # Q4_K, Q5_K 2-20 % slower than tf_mma_rt at every N (their loads are not the limit). So the pipe
 # is the default for Q6_K only (TIGHTFIT_MMA_PIPE=1: every PIPE_TYPE, 0: none, "18,22": those types).
-PIPE_DEFAULT_TYPES = (14,)
+# The grid formats (IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S) too: their blocks are 2-byte aligned, so the
+# register kernels read them in 8- and 16-bit loads (session 24 call 1, N = 5 on the FFN shapes,
+# us: tf_mma_rt 54-63, the ring 40-44, at one row tile and two; gemv_cuda 45-55).
+PIPE_DEFAULT_TYPES = (14, 17, 18, 21, 22)
 DEFAULT_NST = 2
-PIPE_RT: dict[int, int] = {}        # per-type row tiles (else DEFAULT_RT)
+PIPE_RT: dict[int, int] = {17: 1, 18: 1, 21: 1, 22: 1}   # per-type row tiles (else DEFAULT_RT)
 # fixup slot floats per lane (TF_MMA_SLOT_FLOATS): the largest accumulator over the kernels,
 # NT * RT * 4 with NT * RT <= 2 (tf_mma<M, 2>, tf_mma_rt / tf_mma_pipe at rt 2)
 SLOT_FLOATS = 8

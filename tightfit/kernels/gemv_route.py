@@ -179,11 +179,12 @@ def split_bound(n: int = 1) -> int:
 # atomics (session 10), 16.27 without the kernel (session 11, bench/RESULTS.md).
 # The decode step (N = 1) never routes here.
 MMA_MIN_N = {12: 3, 13: 3, 23: 4, 14: 8, 8: 9}
-# The grid formats (gemv_mma_iq.cuh, session 24): IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S. Their dp4a
-# kernels decode a table gather per 4-8 weights and repeat the activation side per column, so the
-# tensor core pays from few columns (crossover: bench/RESULTS.md, session 24).
+# The grid formats (gemv_mma_iq.cuh, session 24): IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S, on the cp.async
+# ring (gemv_mma.PIPE_DEFAULT_TYPES). Their time is flat in N at ~40 us on the 27B's FFN shapes
+# (the grid decode, as dp4a's, is the cost), gemv_cuda's 21-29 us at N = 1 and 45-55 at N = 5
+# (bench/RESULTS.md session 24 call 1), so they route from 5 columns (N = 2-4 not measured).
 # TIGHTFIT_MMA_GRID=0 keeps them on gemv_cuda (A/B timing).
-MMA_MIN_N_GRID = {17: 3, 18: 3, 21: 3, 22: 3}
+MMA_MIN_N_GRID = {17: 5, 18: 5, 21: 5, 22: 5}
 # Q6_K on the cp.async-pipelined kernel (gemv_mma_pipe, its default since session 10): at N = 5
 # 52.0 / 55.9 / 501 us vs gemv_cuda's 56.8 / 61.3 / 693 on 5120->17408 / 17408->5120 / the output
 # head (bench/RESULTS.md session 10, call 1), so it routes from N = 5 (N = 4 not measured).

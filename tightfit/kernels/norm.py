@@ -216,9 +216,19 @@ def add_rmsnorm_ref(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor
 
 # ---- SwiGLU -------------------------------------------------------------------------------------
 @triton.jit
-def _swiglu_kernel(g_ptr, u_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, inv_ptr, n,
+def _swiglu_in(offs, W, gs, STRIDED: tl.constexpr):
+    """Offset in g / u of flat output index offs: the same, or (row, column) of rows of W values
+    at a row stride of gs (g and u as the column halves of one merged product's rows)."""
+    if STRIDED:
+        r = offs // W
+        return r * gs + (offs - r * W)
+    return offs
+
+
+@triton.jit
+def _swiglu_kernel(g_ptr, u_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, inv_ptr, n, W, gs,
                    BLOCK: tl.constexpr, QUANT: tl.constexpr, LAYOUT: tl.constexpr,
-                   PDL: tl.constexpr = False):
+                   STRIDED: tl.constexpr, PDL: tl.constexpr = False):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -227,30 +237,42 @@ def _swiglu_kernel(g_ptr, u_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, inv_ptr, n,
         b = tl.program_id(0) * (BLOCK // 32) + tl.arange(0, BLOCK // 32)
         bm = b < n // 32
         offs = b[:, None] * 32 + tl.arange(0, 32)[None, :]
-        g = tl.load(g_ptr + offs, mask=bm[:, None], other=0.0)
-        u = tl.load(u_ptr + offs, mask=bm[:, None], other=0.0)
+        io = _swiglu_in(offs, W, gs, STRIDED)
+        g = tl.load(g_ptr + io, mask=bm[:, None], other=0.0)
+        u = tl.load(u_ptr + io, mask=bm[:, None], other=0.0)
         y = g / (1.0 + tl.exp(-g)) * u
         tl.store(out_ptr + offs, y, mask=bm[:, None])
         _quant_tile(y, b, bm, q_ptr, qd_ptr, qs_ptr, inv_ptr, LAYOUT)
     else:
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
-        g = tl.load(g_ptr + offs, mask=m, other=0.0)
-        u = tl.load(u_ptr + offs, mask=m, other=0.0)
+        io = _swiglu_in(offs, W, gs, STRIDED)
+        g = tl.load(g_ptr + io, mask=m, other=0.0)
+        u = tl.load(u_ptr + io, mask=m, other=0.0)
         tl.store(out_ptr + offs, g / (1.0 + tl.exp(-g)) * u, mask=m)
 
 
 def swiglu(g: torch.Tensor, u: torch.Tensor, out: torch.Tensor, quant_out=None,
            quant_layout: int = 0) -> torch.Tensor:
-    """out = silu(g) * u (flat); with quant_out=(q, d, s16) also out quantized as
-    quantize_act(out, quant_layout) would, over out's last axis."""
-    n = g.numel()
+    """out = silu(g) * u (out contiguous); with quant_out=(q, d, s16) also out quantized as
+    quantize_act(out, quant_layout) would, over out's last axis. g and u are contiguous, or
+    [rows, W] views with unit columns and one row stride (the halves of a merged gate + up
+    product's [rows, 2W] output)."""
+    n = out.numel()
     BLOCK = 1024
-    q, qd, qs, inv, quant, lay = _quant_args(quant_out, quant_layout, out, out.shape[-1])
+    W = out.shape[-1]
+    strided = not (g.is_contiguous() and u.is_contiguous())
+    if g.shape != out.shape or u.shape != out.shape or not out.is_contiguous():
+        raise ValueError("swiglu: g, u and out need one shape, out contiguous")
+    if strided and (g.dim() != 2 or g.stride(1) != 1 or u.stride() != g.stride() or W % 32):
+        raise ValueError("swiglu: strided g / u must be [rows, W] with unit columns, one row "
+                         "stride and W a multiple of 32")
+    gs = g.stride(0) if strided else W
+    q, qd, qs, inv, quant, lay = _quant_args(quant_out, quant_layout, out, W)
     on = pdl.enabled(g.device)
-    _swiglu_kernel[(triton.cdiv(n, BLOCK),)](g, u, out, q, qd, qs, inv, n, BLOCK=BLOCK,
-                                             QUANT=quant, LAYOUT=lay, PDL=on, launch_pdl=on,
-                                             num_warps=4)
+    _swiglu_kernel[(triton.cdiv(n, BLOCK),)](g, u, out, q, qd, qs, inv, n, W, gs, BLOCK=BLOCK,
+                                             QUANT=quant, LAYOUT=lay, STRIDED=strided,
+                                             PDL=on, launch_pdl=on, num_warps=4)
     return out
 
 

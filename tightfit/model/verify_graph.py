@@ -142,7 +142,8 @@ def verify_buffers(cfg: Any, m: int, ctx: int, chunk: int,
           Buf("v_on", (m, cfg.value_dim)), Buf("v_ba", (m, 2 * Hv)),
           Buf("v_qg", (m, 2 * H * D)), Buf("v_kk", (m, cfg.kv_dim)), Buf("v_vv", (m, cfg.kv_dim)),
           Buf("v_q", (m, H, D)), Buf("v_ao", (m, H * D))]
-    b += [Buf(f"v_{n}", (m, cfg.n_ff)) for n in ("g", "up", "h")]
+    # gate and up: one [m, 2 n_ff] buffer, the column halves of a merged product or two flat halves
+    b += [Buf("v_gu", (m, 2 * cfg.n_ff)), Buf("v_h", (m, cfg.n_ff))]
     b.append(Buf("v_logits", (m, V)))
     # each row's argmax + the block's flag + the state's flag and position: the host's one read
     nb = BS.argmax_parts(V)
@@ -167,7 +168,9 @@ def verify_buffers(cfg: Any, m: int, ctx: int, chunk: int,
 class _Views:
     """The buffers of one block size M (leading-M views of the m_max buffers). v_ba holds the GDN
     gates: with `ba_merged` (ssm_beta and ssm_alpha one launch, merge.py) row t is [beta_t,
-    alpha_t] and beta / alpha are its two column halves; else two contiguous [M, Hv] blocks."""
+    alpha_t] and beta / alpha are its two column halves; else two contiguous [M, Hv] blocks.
+    v_gu holds the FFN's gate and up outputs the same way: g_m / up_m the column halves (a layer
+    whose ffn_gate + ffn_up run as one launch), g / up two contiguous [M, n_ff] blocks."""
 
     def __init__(self, ws: dict[str, torch.Tensor], M: int, ba_merged: bool = False):
         for n, t in ws.items():
@@ -177,6 +180,10 @@ class _Views:
                 continue
             setattr(self, n[2:], t[:M])
         hv = ws["v_ba"].shape[1] // 2
+        f = ws["v_gu"].shape[1] // 2
+        flat = self.gu.reshape(-1)
+        self.g, self.up = flat[:M * f].view(M, f), flat[M * f:].view(M, f)
+        self.g_m, self.up_m = self.gu[:, :f], self.gu[:, f:]
         self.ba_merged = ba_merged
         if ba_merged:
             self.beta, self.alpha = self.ba[:, :hv], self.ba[:, hv:]
@@ -308,6 +315,14 @@ class VerifyGraph:
             getattr(merged.get(f"blk.{il}.ssm_beta.weight"), "names", ()) ==
             (f"blk.{il}.ssm_beta.weight", f"blk.{il}.ssm_alpha.weight")
             for il in c.recurrent_ids)
+
+    def _merged_pair(self, names):
+        """The executor's merged group of exactly these matrices (merge.py: one launch whose
+        output rows are the parts' side by side), or None. Why: at M = 5 a launch of the FFN's
+        gate or up costs its fixed ramp and tail on top of its bytes; one launch of both pays it
+        once (the step has merged them since session 6)."""
+        g = getattr(self.m, "merged", {}).get(names[0])
+        return g if g is not None and tuple(g.names) == tuple(names) else None
 
     def _act(self, M: int, inp: str, lay: int, k: int):
         key = (M, inp, lay)
@@ -475,8 +490,14 @@ class VerifyGraph:
             ffn = [p + "ffn_gate.weight", p + "ffn_up.weight"]
             self._produce(m.op_norm, (B.x, B.mix, v[p + "post_attention_norm.weight"], eps, B.xn),
                           B.xn, "xn", M, ffn)
-            self._lin(B.xn, "xn", M, [(ffn[0], B.g), (ffn[1], B.up)])
-            self._produce(m.op_swiglu, (B.g, B.up, B.h), B.h, "h", M, [p + "ffn_down.weight"])
+            grp = self._merged_pair(ffn)
+            if grp is not None:             # one launch: gate | up as the halves of each row
+                self._lin(B.xn, "xn", M, [(grp, B.gu)])
+                g, up = B.g_m, B.up_m
+            else:
+                self._lin(B.xn, "xn", M, [(ffn[0], B.g), (ffn[1], B.up)])
+                g, up = B.g, B.up
+            self._produce(m.op_swiglu, (g, up, B.h), B.h, "h", M, [p + "ffn_down.weight"])
             self._lin(B.h, "h", M, [(p + "ffn_down.weight", B.ffo)])
         self._produce(m.op_norm, (B.x, B.ffo, v["output_norm.weight"], eps, B.xn), B.xn, "xn", M,
                       ["output.weight"])

@@ -50,8 +50,8 @@ struct M_IQ2_XS {
   TF_DEV static void scale(const Raw& r, int j, float& ws, float& wm) {
     const uint32_t sb = (r.sc[j >> 2] >> (8 * (j & 3))) & 0xFFu;
     const float d8 = tf_h2f((uint16_t)r.d) * 0.125f;
-    ws = d8 * (float)(2 * (int)(sb & 15u) + 1);
-    wm = d8 * (float)(2 * (int)(sb >> 4) + 1);
+    ws = d8 * tf_u23_f32(2 * (sb & 15u) + 1, 0);          // exact small integers, no I2F
+    wm = d8 * tf_u23_f32(2 * (sb >> 4) + 1, 0);
   }
 };
 
@@ -80,7 +80,7 @@ struct M_IQ3_XXS {
     tf_mma_ldx8(xb + 32 * j + 8 * t, b[0], b[1]);
   }
   TF_DEV static void scale(const Raw& r, int j, float& ws, float& wm) {
-    ws = tf_h2f((uint16_t)r.d) * 0.25f * (float)(2 * (int)(r.aux[j] >> 28) + 1);
+    ws = tf_h2f((uint16_t)r.d) * 0.25f * tf_u23_f32(2 * (r.aux[j] >> 28) + 1, 0);
     wm = 0.f;
   }
 };
@@ -114,7 +114,7 @@ struct M_IQ3_S {
     tf_mma_ldx8(xb + 32 * j + 8 * t, b[0], b[1]);
   }
   TF_DEV static void scale(const Raw& r, int j, float& ws, float& wm) {
-    ws = tf_h2f((uint16_t)r.d) * (float)(1 + 2 * (int)((r.sc >> (4 * j)) & 15u));
+    ws = tf_h2f((uint16_t)r.d) * tf_u23_f32(1 + 2 * ((r.sc >> (4 * j)) & 15u), 0);
     wm = 0.f;
   }
 };
@@ -148,7 +148,7 @@ struct M_IQ2_S {
   TF_DEV static void scale(const Raw& r, int j, float& ws, float& wm) {
     const uint32_t sb = (r.sc[j >> 2] >> (8 * (j & 3))) & 0xFFu;
     const float d8 = tf_h2f((uint16_t)r.d) * 0.125f;
-    ws = d8 * (float)(2 * (int)(sb & 15u) + 1);
-    wm = d8 * (float)(2 * (int)(sb >> 4) + 1);
+    ws = d8 * tf_u23_f32(2 * (sb & 15u) + 1, 0);          // exact small integers, no I2F
+    wm = d8 * tf_u23_f32(2 * (sb >> 4) + 1, 0);
   }
 };
