@@ -121,6 +121,28 @@ def test_swiglu_on_the_halves_of_a_merged_product(quant):
         N.swiglu(a, b.contiguous(), o_s)          # two row strides
 
 
+@pytest.mark.parametrize("quant", [False, True])
+def test_gated_rmsnorm_on_the_tail_of_a_merged_product(quant):
+    """z as the last value columns of one [tokens, conv + value] buffer (a merged qkv + gate
+    product in the verify block): bitwise what the kernel gives on a contiguous copy."""
+    t, hv, s_ = 3, 4, 64
+    g = torch.Generator().manual_seed(3 + quant)
+    rows = _rand((t, 320 + hv * s_), g, 2.0)
+    z = rows[:, 320:].view(t, hv, s_)
+    o = _rand((t, hv, s_), g, 1.0)
+    w = _rand((s_,), g, 1.0)
+    out_s, out_c = torch.empty_like(o), torch.empty_like(o)
+    q_s, q_c = (_bufs(1, t * hv * s_), _bufs(1, t * hv * s_)) if quant else (None, None)
+    N.gated_rmsnorm(o, z, w, 1e-6, out_s, quant_out=q_s)
+    N.gated_rmsnorm(o, z.contiguous(), w, 1e-6, out_c, quant_out=q_c)
+    assert torch.equal(out_s.cpu(), out_c.cpu())
+    if quant:
+        _same(q_s, q_c)
+    with pytest.raises(ValueError):               # heads not contiguous
+        N.gated_rmsnorm(o, torch.zeros(t, s_, hv, device=o.device).transpose(1, 2), w, 1e-6,
+                        out_s)
+
+
 @pytest.mark.parametrize("layout", [0, 2])
 @pytest.mark.parametrize("rows,S", [(48, 128), (6, 128), (4, 64), (3, 32), (2, 96)])
 def test_gated_rmsnorm_quant(rows, S, layout):

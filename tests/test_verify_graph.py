@@ -458,8 +458,10 @@ def small_q4_gates(tmp_path_factory):
 def test_merged_gates_one_launch_same_logits(small_q4_gates, monkeypatch):
     """Where the executor merged ssm_beta + ssm_alpha (merge.py), the block runs them as one
     [M, 2 Hv] product too (one launch fewer per GDN layer) and the GDN kernel reads its two
-    halves; where it merged ffn_gate + ffn_up, one [M, 2 n_ff] product whose column halves the
-    SwiGLU reads (one launch fewer per layer). The logits equal the block's with merging off.
+    halves; where it merged attn_qkv + attn_gate, one [M, conv + value] product per GDN layer
+    whose column parts the conv, the gated norm and the commit read (one launch fewer); where it
+    merged ffn_gate + ffn_up, one [M, 2 n_ff] product whose column halves the SwiGLU reads (one
+    launch fewer per layer). The logits equal the block's with merging off.
     The GEMV is the torch product on the int8 codes under the interpreter (as above), the real
     one on a GPU."""
     dev = "cpu" if INTERP else "cuda"     # no GPU: the kernels are interpreted (_interp)
@@ -471,21 +473,33 @@ def test_merged_gates_one_launch_same_logits(small_q4_gates, monkeypatch):
     for merge in ("1", "0"):
         _, st, vg = _prefilled_block(small_q4_gates, monkeypatch, dev, prompt,
                                      "TIGHTFIT_MERGE_LINEARS", merge)
-        assert vg._ba_merged() == (merge == "1")
+        assert vg._ba_merged() == (merge == "1") and vg.qkv_merged == (merge == "1")
         ffn = [[f"blk.{il}.ffn_gate.weight", f"blk.{il}.ffn_up.weight"] for il in range(c.n_layer)]
         assert all((vg._merged_pair(n) is not None) == (merge == "1") for n in ffn)
         shapes.clear()
         with torch.no_grad():
             vg._pass(st, 3, "single")
-        got[merge] = (vg.views(3).logits.clone(), list(shapes))
+            logits = vg.views(3).logits.clone()
+            # keep 2 of the 3 tokens: the commit reads the u rows through their row stride
+            vg.op_commit_block(st.conv, st.ssm, vg.conv_rows, vg.ssm_in, st.status, 2, 3)
+        assert vg.conv_rows.stride(1) == (c.conv_dim + c.value_dim if merge == "1" else c.conv_dim)
+        a = int(st.status[0])
+        got[merge] = (logits, list(shapes), st.conv[a].clone(), st.ssm[a].clone(), int(st.status[2]))
+    # the committed state: the same window rows and recurrent state, the same position
+    torch.testing.assert_close(got["1"][2], got["0"][2], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got["1"][3], got["0"][3], rtol=1e-6, atol=1e-6)
+    assert got["1"][4] == got["0"][4] == len(prompt) + 2
     hv, n_rec, ff = c.ssm_v_heads, len(c.recurrent_ids), c.n_ff
     assert got["1"][1].count((3, 2 * hv)) == n_rec and got["1"][1].count((3, hv)) == 0
     # (the tiny model's other products can have these widths too: attention's q + gate, the GDN
     # gate: count what merging changes)
     assert got["1"][1].count((3, 2 * ff)) - got["0"][1].count((3, 2 * ff)) == c.n_layer
-    assert got["0"][1].count((3, ff)) - got["1"][1].count((3, ff)) == 2 * c.n_layer
+    gate_too = n_rec if c.value_dim == ff else 0           # the GDN gate's own product
+    assert got["0"][1].count((3, ff)) - got["1"][1].count((3, ff)) == 2 * c.n_layer + gate_too
     assert got["0"][1].count((3, hv)) == 2 * n_rec
-    assert len(got["0"][1]) - len(got["1"][1]) == n_rec + c.n_layer
+    cw = c.conv_dim + c.value_dim
+    assert got["1"][1].count((3, cw)) - got["0"][1].count((3, cw)) == n_rec
+    assert len(got["0"][1]) - len(got["1"][1]) == 2 * n_rec + c.n_layer
     torch.testing.assert_close(got["1"][0], got["0"][0], rtol=1e-6, atol=1e-6)
 
 
@@ -559,7 +573,10 @@ def test_gemv_mmh_inputs_are_the_norms_bf16_pairs(small_iq4, monkeypatch, which)
         with torch.no_grad():
             vg._pass(st, 4, "single")
         got[pack] = vg.views(4).logits.clone()
-        assert {c[0] for c in calls} == mats                    # gate and up, nothing else
+        # gate and up (or their merged product, which the fake sees under gate's name), nothing else
+        want = {n for n in mats if not (n.endswith("ffn_up.weight") and vg._merged_pair(
+            [n.replace("ffn_up", "ffn_gate"), n]) is not None)}
+        assert {c[0] for c in calls} == want
         kinds = {c[1] for c in calls}
         assert kinds == ({"foldp"} if pack == "1" else {None})
         if pack == "1":               # each layer's pairs = xpack of the norm's float output

@@ -50,7 +50,7 @@ from tightfit.plan.buffers import ARGMAX_BLOCK
 
 # ---- causal conv over the block -----------------------------------------------------------------
 @triton.jit
-def _conv_block_kernel(u_ptr, conv_ptr, w_ptr, y_ptr, status_ptr, slot, C, bank_stride,
+def _conv_block_kernel(u_ptr, conv_ptr, w_ptr, y_ptr, status_ptr, slot, C, bank_stride, US,
                        KM1: tl.constexpr, BLOCK: tl.constexpr):
     c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     t = tl.program_id(1)                   # one block token per program: the tokens are independent
@@ -61,22 +61,25 @@ def _conv_block_kernel(u_ptr, conv_ptr, w_ptr, y_ptr, status_ptr, slot, C, bank_
     for jj in tl.static_range(0, KM1 + 1):
         r = c * 0 + (t - KM1 + jj)              # window row: < 0 from the bank, else u[r]
         hs = tl.load(src + (KM1 + r) * C + c, mask=m & (r < 0), other=0.0)
-        hu = tl.load(u_ptr + r * C + c, mask=m & (r >= 0), other=0.0)
+        hu = tl.load(u_ptr + r * US + c, mask=m & (r >= 0), other=0.0)
         acc += tl.where(r < 0, hs, hu) * tl.load(w_ptr + c * (KM1 + 1) + jj, mask=m, other=0.0)
     tl.store(y_ptr + t * C + c, acc / (1.0 + tl.exp(-acc)), mask=m)
 
 
 def conv_block(u: torch.Tensor, conv_buf: torch.Tensor, w: torch.Tensor, y: torch.Tensor,
                status: torch.Tensor, slot: int) -> torch.Tensor:
-    """u [M, C] new pre-conv rows, conv_buf [2, n_rec, K-1, C], w [C, K] -> y [M, C]. Grid
+    """u [M, C] new pre-conv rows (unit columns, any row stride: the first C columns of a merged
+    qkv + gate product's rows), conv_buf [2, n_rec, K-1, C], w [C, K] -> y [M, C]. Grid
     (channel blocks, tokens): the 27B's 10240 channels made 20 programs of 512 looping over the
     tokens, 6.8 us at M = 5 against 2.8 at M = 1 (session 18, verify_profile)."""
     M, C = u.shape
+    if u.stride(-1) != 1:
+        raise ValueError("conv_block: u needs unit column stride")
     km1 = conv_buf.shape[2]
     BLOCK = 256
     _conv_block_kernel[(triton.cdiv(C, BLOCK), M)](u, conv_buf, w, y, status, slot, C,
-                                                   conv_buf.stride(0), KM1=km1, BLOCK=BLOCK,
-                                                   num_warps=2)
+                                                   conv_buf.stride(0), u.stride(0), KM1=km1,
+                                                   BLOCK=BLOCK, num_warps=2)
     return y
 
 
@@ -402,7 +405,7 @@ def attn_block_ref(q, kcache, vcache, qg, out, status, ws=None, n_chunks: int = 
 # ---- keep j of M tokens ----------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["j"])
 def _commit_conv_kernel(conv_ptr, rows_ptr, status_ptr, j, C, bank_stride, rows_slot_stride,
-                        KM1: tl.constexpr, BLOCK: tl.constexpr):
+                        RS, KM1: tl.constexpr, BLOCK: tl.constexpr):
     slot = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < C
@@ -413,7 +416,7 @@ def _commit_conv_kernel(conv_ptr, rows_ptr, status_ptr, j, C, bank_stride, rows_
     for rr in tl.static_range(0, KM1):
         r = c * 0 + (j - KM1 + rr)        # window row after token j-1 (banks a != 1-a: no alias)
         hs = tl.load(src + (KM1 + r) * C + c, mask=m & (r < 0), other=0.0)
-        hu = tl.load(ub + r * C + c, mask=m & (r >= 0), other=0.0)
+        hu = tl.load(ub + r * RS + c, mask=m & (r >= 0), other=0.0)
         tl.store(dst + rr * C + c, tl.where(r < 0, hs, hu), mask=m)
 
 
@@ -451,7 +454,8 @@ def _advance_kernel(status_ptr, n_tok):
 
 def commit_block(conv_buf, ssm_buf, conv_rows, ssm_in, status, j: int, M: int,
                  advance_status=None) -> None:
-    """Keep block tokens 0..j-1: conv_rows [n_rec, >= M, C] (each layer's u rows), ssm_in
+    """Keep block tokens 0..j-1: conv_rows [n_rec, >= M, C] (each layer's u rows; unit columns,
+    any row stride), ssm_in
     [n_rec, >= M-1, Hv, 2S+1] (each layer's replay inputs: k, delta, decay after token t).
     advance_status: where the bank flip and the position go (default `status`; a scratch copy
     for a warm-up that must leave the state's position alone). j is not specialised by any of the
@@ -459,10 +463,13 @@ def commit_block(conv_buf, ssm_buf, conv_rows, ssm_in, status, j: int, M: int,
     if advance_status is None:
         advance_status = status
     n_rec, km1, C = conv_buf.shape[1:]
+    if conv_rows.stride(-1) != 1:
+        raise ValueError("commit_block: conv_rows needs unit column stride")
     BLOCK = 512
     _commit_conv_kernel[(n_rec, triton.cdiv(C, BLOCK))](conv_buf, conv_rows, status, int(j), C,
                                                          conv_buf.stride(0), conv_rows.stride(0),
-                                                         KM1=km1, BLOCK=BLOCK, num_warps=4)
+                                                         conv_rows.stride(1), KM1=km1,
+                                                         BLOCK=BLOCK, num_warps=4)
     if j < M:
         Hv, S = ssm_buf.shape[2], ssm_buf.shape[3]
         BI = min(S, 32)

@@ -286,12 +286,14 @@ def swiglu_ref(g: torch.Tensor, u: torch.Tensor, out: torch.Tensor, quant_out=No
 # ---- gated RMSNorm (GDN output) -----------------------------------------------------------------
 @triton.jit
 def _gated_rmsnorm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, inv_ptr, S, eps,
-                          BLOCK: tl.constexpr, QUANT: tl.constexpr, LAYOUT: tl.constexpr,
-                          PDL: tl.constexpr = False):
+                          HV, ZT, BLOCK: tl.constexpr, QUANT: tl.constexpr,
+                          LAYOUT: tl.constexpr, PDL: tl.constexpr = False):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     m = offs < S
     base = row.to(tl.int64) * S
+    # z's row: head row % HV of token row // HV, tokens ZT apart (= HV * S when contiguous)
+    zbase = (row // HV).to(tl.int64) * ZT + (row % HV) * S
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -304,13 +306,13 @@ def _gated_rmsnorm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, q_ptr, qd_ptr, qs_ptr, i
         bm = lb < nblk
         offs2 = lb[:, None] * 32 + tl.arange(0, 32)[None, :]
         o2 = tl.load(o_ptr + base + offs2, mask=bm[:, None], other=0.0)
-        z2 = tl.load(z_ptr + base + offs2, mask=bm[:, None], other=0.0)
+        z2 = tl.load(z_ptr + zbase + offs2, mask=bm[:, None], other=0.0)
         w2 = tl.load(w_ptr + offs2, mask=bm[:, None], other=0.0)
         y = o2 * r * w2 * (z2 / (1.0 + tl.exp(-z2)))
         tl.store(out_ptr + base + offs2, y, mask=bm[:, None])
         _quant_tile(y, row * nblk + lb, bm, q_ptr, qd_ptr, qs_ptr, inv_ptr, LAYOUT)
     else:
-        z = tl.load(z_ptr + base + offs, mask=m, other=0.0)
+        z = tl.load(z_ptr + zbase + offs, mask=m, other=0.0)
         w = tl.load(w_ptr + offs, mask=m, other=0.0)
         tl.store(out_ptr + base + offs, o * r * w * (z / (1.0 + tl.exp(-z))), mask=m)
 
@@ -319,12 +321,23 @@ def gated_rmsnorm(o: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float,
                   out: torch.Tensor, quant_out=None, quant_layout: int = 0) -> torch.Tensor:
     """o, z [..., S] fp32 (rows = heads), w [S] -> out = rmsnorm(o) * w * silu(z); with
     quant_out=(q, d, s16) also out (all rows as one vector) quantized as quantize_act would
-    (S a multiple of 32, so no 32-block straddles two heads)."""
+    (S a multiple of 32, so no 32-block straddles two heads). o and out contiguous; z of o's
+    shape, contiguous or [tokens, Hv, S] with contiguous heads and any token stride (the last
+    columns of a merged qkv + gate product's rows, verify block)."""
     S = o.shape[-1]
     rows = o.numel() // S
+    if z.numel() != o.numel() or not (o.is_contiguous() and out.is_contiguous()):
+        raise ValueError("gated_rmsnorm: z needs o's size, o and out contiguous")
+    if z.is_contiguous():
+        hv, zt = rows, rows * S
+    elif z.dim() == 3 and z.stride(2) == 1 and z.stride(1) == S:
+        hv, zt = z.shape[1], z.stride(0)
+    else:
+        raise ValueError("gated_rmsnorm: z must be contiguous or [tokens, Hv, S] with "
+                         "contiguous heads")
     q, qd, qs, inv, quant, lay = _quant_args(quant_out, quant_layout, out, S)
     on = pdl.enabled(o.device)
-    _gated_rmsnorm_kernel[(rows,)](o, z, w, out, q, qd, qs, inv, S, float(eps),
+    _gated_rmsnorm_kernel[(rows,)](o, z, w, out, q, qd, qs, inv, S, float(eps), hv, zt,
                                    BLOCK=triton.next_power_of_2(S), QUANT=quant, LAYOUT=lay,
                                    PDL=on, launch_pdl=on, num_warps=1)
     return out

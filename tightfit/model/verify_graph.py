@@ -151,7 +151,9 @@ def verify_buffers(cfg: Any, m: int, ctx: int, chunk: int,
     nch = max(1, -(-int(ctx) // int(chunk)))
     b += [Buf("v_attn_m", (m * H, nch)), Buf("v_attn_l", (m * H, nch)),
           Buf("v_attn_acc", (m * H, nch, D))]
-    b += [Buf("v_conv_rows", (n_rec, m, cfg.conv_dim)),
+    # per GDN layer the qkv rows (kept for the commit) and, where qkv + gate run as one launch,
+    # the gate's beside them: rows of conv_dim + value_dim (VerifyGraph.conv_rows)
+    b += [Buf("v_conv_rows", (n_rec, m, cfg.conv_dim + cfg.value_dim)),
           Buf("v_ssm_in", (n_rec, max(1, m - 1), Hv, 2 * S + 1))]
     width = {"xn": E, "on": cfg.value_dim, "ao": H * D, "h": cfg.n_ff}
     small = False
@@ -248,7 +250,15 @@ class VerifyGraph:
             t.zero_()
             self.ws[bf.name] = t
         self.status = self.ws["v_status"]
-        self.conv_rows = self.ws["v_conv_rows"]
+        # qkv + gate as one launch (where the executor merged them in every GDN layer): each
+        # layer's rows are [u_t | zg_t], and the conv, the gated norm and the commit read u and
+        # zg through the row stride; else u rows are contiguous (conv_dim apart) and zg is v_zg
+        self.qkv_merged = self._qkv_merged()
+        rows = self.ws["v_conv_rows"]
+        n_rec, m_, cw = rows.shape
+        rs = cw if self.qkv_merged else c.conv_dim
+        self.conv_rows_w = rows                      # [n_rec, m, conv_dim + value_dim]
+        self.conv_rows = rows.as_strided((n_rec, m_, c.conv_dim), (m_ * cw, rs, 1))
         self.ssm_in = self.ws["v_ssm_in"]
         self.attn_ws = (self.ws["v_attn_m"], self.ws["v_attn_l"], self.ws["v_attn_acc"])
         self.part = self.ws.get("v_gemv_part")
@@ -306,6 +316,15 @@ class VerifyGraph:
         if v is None:
             v = self._views[M] = _Views(self.ws, M, self._ba_merged())
         return v
+
+    def _qkv_merged(self) -> bool:
+        """Whether the executor runs every GDN layer's attn_qkv + attn_gate as one launch (then
+        so does the block: one [M, conv_dim + value_dim] product per layer, saving a launch's ramp
+        and tail per layer: the FFN's merged pairs saved 7.6 us each at M = 5, session 24)."""
+        c = self.c
+        return bool(c.recurrent_ids) and all(
+            self._merged_pair([f"blk.{il}.attn_qkv.weight", f"blk.{il}.attn_gate.weight"])
+            is not None for il in c.recurrent_ids)
 
     def _ba_merged(self) -> bool:
         """Whether the executor runs every GDN layer's ssm_beta + ssm_alpha as one launch (then
@@ -436,13 +455,19 @@ class VerifyGraph:
             gates = [(m.merged[p + "ssm_beta.weight"], B.ba)]
         else:
             gates = [(p + "ssm_beta.weight", B.beta), (p + "ssm_alpha.weight", B.alpha)]
-        self._lin(B.xn, "xn", M, [(p + "attn_qkv.weight", u), (p + "attn_gate.weight", B.zg)]
-                  + gates)
+        if self.qkv_merged:                             # one [M, conv + value] product: u | zg
+            rows = self.conv_rows_w[slot, :M]
+            self._lin(B.xn, "xn", M, [(m.merged[p + "attn_qkv.weight"], rows)] + gates)
+            zg = rows[:, c.conv_dim:]
+        else:
+            self._lin(B.xn, "xn", M, [(p + "attn_qkv.weight", u), (p + "attn_gate.weight", B.zg)]
+                      + gates)
+            zg = B.zg
         self.op_conv(u, st.conv, v[p + "ssm_conv1d.weight"], B.y, st.status, slot)
         self.op_gdn(B.y, B.alpha, B.beta, v[p + "ssm_dt.bias"], v[p + "ssm_a"], st.ssm,
                     self.ssm_in[slot], B.o, st.status, slot, c.ssm_k_heads, c.rms_eps)
         Hv, S = c.ssm_v_heads, c.ssm_state
-        self._produce(m.op_gnorm, (B.o, B.zg.view(M, Hv, S), v[p + "ssm_norm.weight"],
+        self._produce(m.op_gnorm, (B.o, zg.view(M, Hv, S), v[p + "ssm_norm.weight"],
                                    c.rms_eps, B.on.view(M, Hv, S)),
                       B.on, "on", M,
                       [p + "ssm_out.weight"] if S % 32 == 0 else [])   # whole 32-blocks per head
