@@ -11,12 +11,15 @@ The pass (tightfit.kernels.block_step for the block-shaped kernels, the executor
 the rest): embedding of the M ids from the device buffer `v_ids` (tightfit.kernels.embed, when
 the executor embeds on the device; else the host decodes the M rows into `v_x` before the replay,
 as the step's fallback does) -> 64 blocks: RMSNorm; Gated DeltaNet = 4 matrices at N = M columns
-(qkv straight into this layer's `v_conv_rows`), conv over the block from the active bank, the
+(qkv straight into this layer's `v_conv_rows`; where the executor merged qkv + gate and beta +
+alpha (tightfit.model.merge), one launch each, their consumers reading the column parts through
+the row stride), conv over the block from the active bank, the
 delta rule token after token (after the last token the state goes to the staging bank; for each
 earlier token t its replay inputs k, delta, decay into `v_ssm_in[layer, t]`), gated norm,
 ssm_out; attention = 3 matrices, q/k norm + RoPE and K/V rows at status[2] + t, M causal queries
 over the cache (single pass while p0 + M <= attn_decode.SINGLE_PASS_MAX, else split-K), gate,
-attn_output; FFN -> final norm -> LM head
+attn_output; FFN (gate + up one launch where merged, the SwiGLU reading the halves) -> final
+norm -> LM head
 [M, V] -> a finiteness check into the block's private status word `v_status` -> each row's
 argmax, with that flag and the state's status words 1-2, into `v_out` (the host's ONE read after
 the replay: the caller skips the state's sync before the block, and a greedy round needs no
@@ -39,8 +42,10 @@ use_triton is on. Switch: TIGHTFIT_VERIFY_GRAPH = auto (CUDA only, default) | 1 
 the same pass run eagerly, for tests) | 0 (off).
 
 Memory: `verify_buffers(cfg, M, ...)`; the replay inputs, n_rec * (M-1) * Hv * (2S + 1) * 4 bytes
-(27B: 2.3 MiB per extra token, where per-position states took 144 MiB until session 19), and the
-logits [M, V] are most of it: 27 MiB for the 27B's 5-token block, 52 MiB for 9.
+(27B: 2.3 MiB per extra token, where per-position states took 144 MiB until session 19), the
+logits [M, V] and the GDN rows [n_rec, M, conv_dim + value_dim] (wide enough for the merged qkv +
+gate product: +1.1 MiB per token on the 27B, session 24) are most of it: 33.4 MiB for the 27B's
+5-token block, 62.0 MiB for 9 (`tightfit plan --preset qwen3.8-27b-seedmix --batch 5|9`).
 """
 from __future__ import annotations
 

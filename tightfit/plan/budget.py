@@ -403,7 +403,8 @@ def _verify_line(cfg: Qwen35Config, o: PlanOptions, inv: ModelInventory | None) 
     buffer it carves, ONE list with the runtime (verify_buffers), as an arena region. A partial
     accept replays the recurrent state from 2S + 1 floats per head and token (n_gdn_layers x
     (batch - 1) x Hv x (2S + 1) x 4 B); with the logits [batch, V] they are most of the line
-    (27B: 27 MiB at 5 tokens, 52 MiB at 9)."""
+    (27B: 33.4 MiB at 5 tokens, 62.0 MiB at 9; 27 / 52 before the GDN rows took the merged
+    qkv + gate product, session 24)."""
     from tightfit.model.verify_graph import MAX_M, plan_layouts, verify_buffers
     mats = []
     if inv is not None:
