@@ -160,7 +160,7 @@ def _fmt_const(qtype: int, name: str) -> int:
     """A static constexpr int of a format struct (QK, BB, KS, NG, U), parsed from the header."""
     st = _formats()[int(qtype)]
     src = (CUDA_DIR / MMA).read_text() + (CUDA_DIR / MMA_IQ).read_text()
-    m = re.search(r"struct\s+" + re.escape(st) + r"\s*\{(.*?)\n\};", src, re.S)
+    m = re.search(r"struct\s+" + re.escape(st) + r"\b[^{;]*\{(.*?)\n\};", src, re.S)
     v = re.search(r"\b" + name + r"\s*=\s*(\d+)", m.group(1)) if m else None
     if v is None:
         raise RuntimeError(f"cannot find {name} of {st}")

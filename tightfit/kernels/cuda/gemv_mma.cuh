@@ -470,10 +470,33 @@ TF_DEV void tf_mma_ldi(const int* p, int (&v)[NV]) {        // p aligned to 4 * 
 
 // One mma of group j and its fp32 epilogue: d = (rows g, g+8) x (columns 2t, 2t+1) of the tile.
 // xdv[cc] = x scale of column cc's 32-group, xs[cc] = its integer sum over the group (MINS only).
+// SPLIT formats (IQ2_XS, IQ2_S: a scale per 16-element half): ws = half 0's scale, wm = half 1's.
+// Lanes 0-1 hold a group's first half, 2-3 its second: one mma per half on the whole A fragment
+// with the other half's B slots zeroed (4 selects), each half's dot scaled by its own ws.
 template <class M>
 TF_DEV void tf_mma_group(const uint32_t (&w0)[M::KS / 16], const uint32_t (&w1)[M::KS / 16],
                          const uint32_t (&b)[M::KS / 16], float ws0, float wm0, float ws1,
                          float wm1, const float (&xdv)[2], const int (&xs)[2], float (&acc)[4]) {
+  if constexpr (tf_mma_split<M>::v) {
+    static_assert(M::KS == 32 && !M::MINS, "SPLIT: 32-element groups without mins");
+    const bool half0 = (threadIdx.x & 3) < 2;
+    const uint32_t bl[2] = {half0 ? b[0] : 0u, half0 ? b[1] : 0u};
+    const uint32_t bh[2] = {half0 ? 0u : b[0], half0 ? 0u : b[1]};
+    const int c[2] = {TF_F32_BIAS, TF_F32_BIAS};
+    const uint32_t a[4] = {w0[0], w1[0], w0[1], w1[1]};
+    int dl[4], dh[4];
+    tf_mma_k32(a, bl, c, dl);
+    tf_mma_k32(a, bh, c, dh);
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const float s0 = fmaf(ws0, tf_biased_f32(dl[cc]), wm0 * tf_biased_f32(dh[cc]));
+      const float s1 = fmaf(ws1, tf_biased_f32(dl[2 + cc]), wm1 * tf_biased_f32(dh[2 + cc]));
+      acc[cc] = fmaf(xdv[cc], s0, acc[cc]);
+      acc[2 + cc] = fmaf(xdv[cc], s1, acc[2 + cc]);
+    }
+    (void)xs;
+    return;
+  }
   int d[4];
 #if TF_MMA_LEGACY
   const int c[2] = {0, 0};
@@ -526,6 +549,15 @@ TF_DEV void tf_mma_group_lean(const uint32_t (&w0)[2], const uint32_t (&w1)[2],
     acc[cc] = fmaf(xdv[cc], fmaf(ws0, __int_as_float(d[cc]), nws0), acc[cc]);
     acc[2 + cc] = fmaf(xdv[cc], fmaf(ws1, __int_as_float(d[2 + cc]), nws1), acc[2 + cc]);
   }
+}
+
+// x scales of the 64-element chunk ch of block bb (256-element blocks) for the lane's two
+// epilogue columns of tile T: xd2[cc][q] = column (8T + 2t + cc)'s scale of the chunk's group q
+template <int NT>
+TF_DEV void tf_mma_xd64(const float* __restrict__ xd, const int (&co)[NT][2], int T, int bb, int ch,
+                        float (&xd2)[2][2]) {
+#pragma unroll
+  for (int cc = 0; cc < 2; ++cc) tf_mma_ldf<2>(xd + (co[T][cc] + bb * 8 + 2 * ch), xd2[cc]);
 }
 
 // One block of RT row tiles (r0[rt] = row 16rt + g, r1[rt] = row 16rt + g + 8 of the warp's tile
@@ -591,8 +623,7 @@ TF_DEV void tf_mma_block(const typename M::Raw (&r0)[RT], const typename M::Raw 
       for (int T = 0; T < NT; ++T) {
         const int8_t* __restrict__ xp = xq + (xo[T] + bb * M::QK);
         float xd2[2][2];
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) tf_mma_ldf<2>(xd + (co[T][cc] + bb * 8 + 2 * ch), xd2[cc]);
+        tf_mma_xd64<NT>(xd, co, T, bb, ch, xd2);
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
           uint32_t b[2];
@@ -627,56 +658,6 @@ TF_DEV void tf_mma_block(const typename M::Raw (&r0)[RT], const typename M::Raw 
         acc[rt][T][1] = fmaf(-k0[rt].dmin, dm[1], acc[rt][T][1]);
         acc[rt][T][2] = fmaf(-k1[rt].dmin, dm[2], acc[rt][T][2]);
         acc[rt][T][3] = fmaf(-k1[rt].dmin, dm[3], acc[rt][T][3]);
-      }
-    }
-  } else if constexpr (tf_mma_split<M>::v) {   // IQ2_XS, IQ2_S: a scale per 16-element half
-    // Lanes 0-1 hold a group's first half, 2-3 its second: one mma per half on the whole A
-    // fragment with the other half's B slots zeroed (B is shared by every row tile: 4 selects per
-    // group and tile), each half's dot scaled by its own ws.
-    const bool half0 = t < 2;
-#pragma unroll
-    for (int ch = 0; ch < 4; ++ch) {                         // 64-element chunks: groups 2ch, 2ch+1
-      uint32_t w0[RT][2][2], w1[RT][2][2];
-      float sa0[RT][2], sb0[RT][2], sa1[RT][2], sb1[RT][2];
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          M::afrag(r0[rt], t, 2 * ch + q, w0[rt][q]);
-          M::afrag(r1[rt], t, 2 * ch + q, w1[rt][q]);
-          M::scale(r0[rt], 2 * ch + q, sa0[rt][q], sb0[rt][q]);
-          M::scale(r1[rt], 2 * ch + q, sa1[rt][q], sb1[rt][q]);
-        }
-#pragma unroll
-      for (int T = 0; T < NT; ++T) {
-        const int8_t* __restrict__ xp = xq + (xo[T] + bb * M::QK);
-        float xd2[2][2];
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) tf_mma_ldf<2>(xd + (co[T][cc] + bb * 8 + 2 * ch), xd2[cc]);
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          uint32_t b[2];
-          M::xfrag(xp, t, 2 * ch + q, b);
-          const uint32_t bl[2] = {half0 ? b[0] : 0u, half0 ? b[1] : 0u};
-          const uint32_t bh[2] = {half0 ? 0u : b[0], half0 ? 0u : b[1]};
-          const int c[2] = {TF_F32_BIAS, TF_F32_BIAS};
-#pragma unroll
-          for (int rt = 0; rt < RT; ++rt) {
-            const uint32_t a[4] = {w0[rt][q][0], w1[rt][q][0], w0[rt][q][1], w1[rt][q][1]};
-            int dl[4], dh[4];
-            tf_mma_k32(a, bl, c, dl);
-            tf_mma_k32(a, bh, c, dh);
-#pragma unroll
-            for (int cc = 0; cc < 2; ++cc) {
-              const float s0 = fmaf(sa0[rt][q], tf_biased_f32(dl[cc]),
-                                    sb0[rt][q] * tf_biased_f32(dh[cc]));
-              const float s1 = fmaf(sa1[rt][q], tf_biased_f32(dl[2 + cc]),
-                                    sb1[rt][q] * tf_biased_f32(dh[2 + cc]));
-              acc[rt][T][cc] = fmaf(xd2[cc][q], s0, acc[rt][T][cc]);
-              acc[rt][T][2 + cc] = fmaf(xd2[cc][q], s1, acc[rt][T][2 + cc]);
-            }
-          }
-        }
       }
     }
   } else {

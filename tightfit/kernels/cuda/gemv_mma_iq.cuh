@@ -17,6 +17,22 @@
 // shared memory (gemv_mma.PIPE_TYPES).
 #pragma once
 
+// x of lane t's run of group j (elements 8t..8t+7): one 8-byte load, in every grid format
+struct tf_mma_iq_x {
+  TF_DEV static void xfrag(const int8_t* __restrict__ xb, int t, int j, uint32_t (&b)[2]) {
+    tf_mma_ldx8(xb + 32 * j + 8 * t, b[0], b[1]);
+  }
+};
+
+// The IQ2 formats' two scales of group j: byte j of the scales words sc (low nibble: elements
+// 0..15, high: 16..31), each d / 8 * (2 * nibble + 1), exact (no I2F: the odd integers as fp32 bits)
+TF_DEV void tf_mma_iq2_scales(uint32_t d, const uint32_t (&sc)[2], int j, float& ws, float& wm) {
+  const uint32_t sb = (sc[j >> 2] >> (8 * (j & 3))) & 0xFFu;
+  const float d8 = tf_h2f((uint16_t)d) * 0.125f;
+  ws = d8 * tf_u23_f32(2 * (sb & 15u) + 1, 0);
+  wm = d8 * tf_u23_f32(2 * (sb >> 4) + 1, 0);
+}
+
 // IQ3 run of 8 from two grid code words and a sign byte s (bit i = element i)
 template <uint32_t P0, uint32_t P1, uint32_t N0, uint32_t N1>
 TF_DEV void tf_mma_iq3_w8(uint32_t e0, uint32_t e1, uint32_t s, uint32_t (&a)[2]) {
@@ -28,7 +44,7 @@ TF_DEV void tf_mma_iq3_w8(uint32_t e0, uint32_t e1, uint32_t s, uint32_t (&a)[2]
 // d f16 @0, qs u16[32] @2 (run e = 4j + l: 9-bit grid index | 7-bit ksigns index << 9), scales[8]
 // @66 (byte j: low nibble = elements 0..15 of group j, high nibble = 16..31); w = d*(2*nib+1)/8 *
 // grid * sign. Lane t: the u16 of run 4j + t for every j.
-struct M_IQ2_XS {
+struct M_IQ2_XS : tf_mma_iq_x {
   static constexpr int TYPE = 17, QK = 256, BB = 74, KS = 32, NG = 8, U = 2;
   static constexpr bool MINS = false, SPLIT = true;
   struct Raw { uint32_t d, q[8], sc[2]; };
@@ -44,14 +60,8 @@ struct M_IQ2_XS {
     const uint32_t w = r.q[j];
     tf_lb_iq2_w8(tf_iq2xs_g16[w & 511u], tf_lb_ksgn_nib(w, 9), a[0], a[1]);
   }
-  TF_DEV static void xfrag(const int8_t* __restrict__ xb, int t, int j, uint32_t (&b)[2]) {
-    tf_mma_ldx8(xb + 32 * j + 8 * t, b[0], b[1]);
-  }
   TF_DEV static void scale(const Raw& r, int j, float& ws, float& wm) {
-    const uint32_t sb = (r.sc[j >> 2] >> (8 * (j & 3))) & 0xFFu;
-    const float d8 = tf_h2f((uint16_t)r.d) * 0.125f;
-    ws = d8 * tf_u23_f32(2 * (sb & 15u) + 1, 0);          // exact small integers, no I2F
-    wm = d8 * tf_u23_f32(2 * (sb >> 4) + 1, 0);
+    tf_mma_iq2_scales(r.d, r.sc, j, ws, wm);
   }
 };
 
@@ -59,7 +69,7 @@ struct M_IQ2_XS {
 // d f16 @0, qs[64] @2 (group j: bytes 2+8j..; bytes 2l, 2l+1 = grid indices of elements 8l..8l+3,
 // 8l+4..8l+7), aux u32 @66+4j (7-bit ksigns index of run l at bits 7l, scale s at bits 28..31);
 // w = d*(2s+1)/4 * grid * sign; sign 7 of a run = parity of its 7 index bits.
-struct M_IQ3_XXS {
+struct M_IQ3_XXS : tf_mma_iq_x {
   static constexpr int TYPE = 18, QK = 256, BB = 98, KS = 32, NG = 8, U = 2;
   static constexpr bool MINS = false, SPLIT = false;
   struct Raw { uint32_t d, q[8], aux[8]; };
@@ -76,9 +86,6 @@ struct M_IQ3_XXS {
     tf_mma_iq3_w8<TF_IQ3XXS_LUT_P0, TF_IQ3XXS_LUT_P1, TF_IQ3XXS_LUT_N0, TF_IQ3XXS_LUT_N1>(
         tf_iq3xxs_g16[r.q[j] & 0xFFu], tf_iq3xxs_g16[r.q[j] >> 8], s, a);
   }
-  TF_DEV static void xfrag(const int8_t* __restrict__ xb, int t, int j, uint32_t (&b)[2]) {
-    tf_mma_ldx8(xb + 32 * j + 8 * t, b[0], b[1]);
-  }
   TF_DEV static void scale(const Raw& r, int j, float& ws, float& wm) {
     ws = tf_h2f((uint16_t)r.d) * 0.25f * tf_u23_f32(2 * (r.aux[j] >> 28) + 1, 0);
     wm = 0.f;
@@ -89,7 +96,7 @@ struct M_IQ3_XXS {
 // d f16 @0, qs[64] @2 (low 8 index bits, as IQ3_XXS), qh[8] @66 (byte j: bit k = 9th bit of index
 // k of group j), signs[32] @74 (byte 4j + l: run l of group j), scales[4] @106 (nibble j);
 // w = d*(1+2*sc) * grid * sign.
-struct M_IQ3_S {
+struct M_IQ3_S : tf_mma_iq_x {
   static constexpr int TYPE = 21, QK = 256, BB = 110, KS = 32, NG = 8, U = 2;
   static constexpr bool MINS = false, SPLIT = false;
   struct Raw { uint32_t d, q[8], qh[2], sg[8], sc; };
@@ -110,9 +117,6 @@ struct M_IQ3_S {
     tf_mma_iq3_w8<TF_IQ3S_LUT_P0, TF_IQ3S_LUT_P1, TF_IQ3S_LUT_N0, TF_IQ3S_LUT_N1>(
         tf_iq3s_g16[i0], tf_iq3s_g16[i1], r.sg[j], a);
   }
-  TF_DEV static void xfrag(const int8_t* __restrict__ xb, int t, int j, uint32_t (&b)[2]) {
-    tf_mma_ldx8(xb + 32 * j + 8 * t, b[0], b[1]);
-  }
   TF_DEV static void scale(const Raw& r, int j, float& ws, float& wm) {
     ws = tf_h2f((uint16_t)r.d) * tf_u23_f32(1 + 2 * ((r.sc >> (4 * j)) & 15u), 0);
     wm = 0.f;
@@ -123,7 +127,7 @@ struct M_IQ3_S {
 // d f16 @0, qs[32] @2 (low 8 index bits of run e = 4j + l), signs[32] @34 (explicit sign byte of
 // run e), qh[8] @66 (byte j: bits 2l..2l+1 = index bits 8-9 of run 4j + l), scales[8] @74 (as
 // IQ2_XS). Lane t: the bytes of run 4j + t for every j.
-struct M_IQ2_S {
+struct M_IQ2_S : tf_mma_iq_x {
   static constexpr int TYPE = 22, QK = 256, BB = 82, KS = 32, NG = 8, U = 2;
   static constexpr bool MINS = false, SPLIT = true;
   struct Raw { uint32_t d, q[8], sg[8], qh[2], sc[2]; };
@@ -142,13 +146,7 @@ struct M_IQ2_S {
     const uint32_t hi = (r.qh[j >> 2] >> (8 * (j & 3) + 2 * t)) & 3u;
     tf_lb_iq2_w8(tf_iq2s_g16[r.q[j] | (hi << 8)], tf_lb_sgn_nib(r.sg[j]), a[0], a[1]);
   }
-  TF_DEV static void xfrag(const int8_t* __restrict__ xb, int t, int j, uint32_t (&b)[2]) {
-    tf_mma_ldx8(xb + 32 * j + 8 * t, b[0], b[1]);
-  }
   TF_DEV static void scale(const Raw& r, int j, float& ws, float& wm) {
-    const uint32_t sb = (r.sc[j >> 2] >> (8 * (j & 3))) & 0xFFu;
-    const float d8 = tf_h2f((uint16_t)r.d) * 0.125f;
-    ws = d8 * tf_u23_f32(2 * (sb & 15u) + 1, 0);          // exact small integers, no I2F
-    wm = d8 * tf_u23_f32(2 * (sb >> 4) + 1, 0);
+    tf_mma_iq2_scales(r.d, r.sc, j, ws, wm);
   }
 };
