@@ -484,7 +484,8 @@ def test_merged_gates_one_launch_same_logits(small_q4_gates, monkeypatch):
             vg.op_commit_block(st.conv, st.ssm, vg.conv_rows, vg.ssm_in, st.status, 2, 3)
         assert vg.conv_rows.stride(1) == (c.conv_dim + c.value_dim if merge == "1" else c.conv_dim)
         a = int(st.status[0])
-        got[merge] = (logits, list(shapes), st.conv[a].clone(), st.ssm[a].clone(), int(st.status[2]))
+        got[merge] = (logits, list(shapes), st.conv[a].clone(), st.ssm[a].clone(),
+                      int(st.status[2]))
     # the committed state: the same window rows and recurrent state, the same position
     torch.testing.assert_close(got["1"][2], got["0"][2], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(got["1"][3], got["0"][3], rtol=1e-6, atol=1e-6)

@@ -75,7 +75,8 @@ PIPE_NSTS = (2, 3)
 # activation quantization, N = 5, tf_mma_rt -> pipe rt 2 / nst 2): Q6_K 5120->17408 63.5 -> 52.0,
 # 17408->5120 62.0 -> 55.9, 5120->248320 651 -> 501 (dp4a gemv_cuda: 56.8, 61.3, 693); IQ4_XS,
 # Q4_K, Q5_K 2-20 % slower than tf_mma_rt at every N (their loads are not the limit). So the pipe
-# is the default for Q6_K only (TIGHTFIT_MMA_PIPE=1: every PIPE_TYPE, 0: none, "18,22": those types).
+# is the default for Q6_K only (TIGHTFIT_MMA_PIPE=1: every PIPE_TYPE, 0: none, "18,22": those
+# types).
 # The grid formats (IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S) too: their blocks are 2-byte aligned, so the
 # register kernels read them in 8- and 16-bit loads (session 24 call 1, N = 5 on the FFN shapes,
 # us: tf_mma_rt 54-63, the ring 40-44, at one row tile and two; gemv_cuda 45-55).

@@ -344,7 +344,8 @@ class VerifyGraph:
         """The executor's merged group of exactly these matrices (merge.py: one launch whose
         output rows are the parts' side by side), or None. Why: at M = 5 a launch of the FFN's
         gate or up costs its fixed ramp and tail on top of its bytes; one launch of both pays it
-        once (7.6 us less per IQ4_XS pair on the 27B, session 24; the step merges since session 6)."""
+        once (7.6 us less per IQ4_XS pair on the 27B, session 24; the step merges them since
+        session 6)."""
         g = getattr(self.m, "merged", {}).get(names[0])
         return g if g is not None and tuple(g.names) == tuple(names) else None
 
