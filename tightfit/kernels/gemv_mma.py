@@ -75,11 +75,10 @@ PIPE_NSTS = (2, 3)
 # activation quantization, N = 5, tf_mma_rt -> pipe rt 2 / nst 2): Q6_K 5120->17408 63.5 -> 52.0,
 # 17408->5120 62.0 -> 55.9, 5120->248320 651 -> 501 (dp4a gemv_cuda: 56.8, 61.3, 693); IQ4_XS,
 # Q4_K, Q5_K 2-20 % slower than tf_mma_rt at every N (their loads are not the limit). So the pipe
-# is the default for Q6_K only (TIGHTFIT_MMA_PIPE=1: every PIPE_TYPE, 0: none, "18,22": those
-# types).
-# The grid formats (IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S) too: their blocks are 2-byte aligned, so the
-# register kernels read them in 8- and 16-bit loads (session 24 call 1, N = 5 on the FFN shapes,
-# us: tf_mma_rt 54-63, the ring 40-44, at one row tile and two; gemv_cuda 45-55).
+# is the default for Q6_K and for the grid formats (IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S): their blocks
+# are 2-byte aligned, so the register kernels read them in 8- and 16-bit loads (session 24 call 1,
+# N = 5 on the FFN shapes, us: tf_mma_rt 54-63, the ring 40-44 at one row tile or two; gemv_cuda
+# 45-55). TIGHTFIT_MMA_PIPE=1: every PIPE_TYPE, 0: none, a list ("18,22"): those types.
 PIPE_DEFAULT_TYPES = (14, 17, 18, 21, 22)
 DEFAULT_NST = 2
 PIPE_RT: dict[int, int] = {17: 1, 18: 1, 21: 1, 22: 1}   # per-type row tiles (else DEFAULT_RT)
