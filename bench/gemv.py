@@ -6,7 +6,7 @@ Implementations (--impls): v1 (gemv_kernel.py, dp4a), v2 (gemv2.py, int8 tensor 
 blocks), v2p (v2 on the planar re-layout, gemv2_layout.relayout), v2n1 / v2n1p (v2's dp4a
 small-N path, gemv2_small.py, raw / planar; N <= 2 only, other N are skipped), cu (CUDA C++
 kernel, gemv_cuda.py, raw blocks, every type it supports, N <= 16; config keys wpr, kern=v2|v2h|v3|v4|auto),
-mma (int8 tensor-core skinny GEMM, gemv_mma.py, raw blocks, Q8_0 Q4_K Q5_K Q6_K IQ4_XS; config keys
+mma (int8 tensor-core skinny GEMM, gemv_mma.py, raw blocks, Q8_0 Q4_K Q5_K Q6_K IQ4_XS IQ2_XS IQ3_XXS IQ3_S IQ2_S; config keys
 ctas_per_sm, rt, pipe (0|1: the cp.async-pipelined kernel), nst), e.g.
   python3 bench/gemv.py --out $OUT --impls v1,v2,v2n1,v2n1p --ns 1,2,8
 --configs applies to every implementation (keys R, KB, SPLIT, num_warps, U).
