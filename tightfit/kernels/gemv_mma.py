@@ -101,20 +101,9 @@ def _options() -> tuple[str, ...]:
     legacy = _switch("TIGHTFIT_MMA_LEGACY", "0")
     mins_tc = _switch("TIGHTFIT_MMA_MINS_TC", "1")
     minb = _min_blocks()
-    q5u = _q5k_u()
     return (("-std=c++17",) + (("-DTF_MMA_LEGACY=1",) if legacy else ())
             + (("-DTF_MMA_MINS_TC=0",) if not mins_tc else ())
-            + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ())
-            + ((f"-DTF_MMA_Q5K_U={q5u}",) if q5u else ()))
-
-
-def _q5k_u() -> int:
-    """TIGHTFIT_MMA_Q5K_U=1..4: Q5_K's blocks per step in tf_mma<M_Q5_K, 1> (A/B timing; 0 or
-    unset: the format's U)."""
-    v = os.environ.get("TIGHTFIT_MMA_Q5K_U", "0").strip() or "0"
-    if v not in ("0", "1", "2", "3", "4"):
-        raise ValueError(f"TIGHTFIT_MMA_Q5K_U={v!r}: expected 0..4")
-    return int(v)
+            + ((f"-DTF_MMA_MINB={minb}",) if minb != 2 else ()))
 
 
 def _switch(name: str, default: str) -> bool:
@@ -408,8 +397,6 @@ def step_blocks(qtype: int, nt: int, rt: int = 1) -> int:
     u, qk = _fmt_const(qtype, "U"), _fmt_const(qtype, "QK")
     if qk == 32:
         return u // rt
-    if int(qtype) == 13 and _q5k_u():
-        u = _q5k_u()
     return u if (nt == 1 and rt == 1) else 1
 
 

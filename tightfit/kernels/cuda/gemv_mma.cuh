@@ -360,13 +360,8 @@ template <class M> struct tf_mma_split<M, decltype((void)M::SPLIT)> { static con
 // scales and sums take the registers of U - 1 blocks' raw words (ptxas spilled at U = 2, 128
 // registers), and RT = 2 row tiles hold twice the raw words per block, so the 256-element formats
 // step one block at a time there (Q8_0: U / RT). gemv_mma.py mirrors this (step_blocks()).
-// TF_MMA_Q5K_U (gemv_mma.py: TIGHTFIT_MMA_Q5K_U, A/B timing): Q5_K's blocks per step at NT = RT = 1
-#ifndef TF_MMA_Q5K_U
-#define TF_MMA_Q5K_U 0
-#endif
 template <class M, int NT, int RT = 1> struct tf_mma_u {
-  static constexpr int U1 = (M::TYPE == 13 && TF_MMA_Q5K_U) ? TF_MMA_Q5K_U : M::U;
-  static constexpr int U = M::QK == 32 ? M::U / RT : ((NT == 1 && RT == 1) ? U1 : 1);
+  static constexpr int U = M::QK == 32 ? M::U / RT : ((NT == 1 && RT == 1) ? M::U : 1);
 };
 
 
