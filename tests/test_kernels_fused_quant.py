@@ -136,6 +136,8 @@ def test_gated_rmsnorm_on_the_tail_of_a_merged_product(quant):
     N.gated_rmsnorm(o, z, w, 1e-6, out_s, quant_out=q_s)
     N.gated_rmsnorm(o, z.contiguous(), w, 1e-6, out_c, quant_out=q_c)
     assert torch.equal(out_s.cpu(), out_c.cpu())
+    ref = N.gated_rmsnorm_ref(o, z, w, 1e-6, torch.empty_like(o))   # torch on the strided view
+    assert torch.allclose(ref.cpu(), out_s.cpu(), rtol=1e-5, atol=1e-6)
     if quant:
         _same(q_s, q_c)
     with pytest.raises(ValueError):               # heads not contiguous

@@ -241,10 +241,10 @@ def _pipe_choice(qtype: int, config: dict | None) -> tuple[int, int] | None:
         env = os.environ.get("TIGHTFIT_MMA_PIPE", "").strip()
         if env == "":
             on = int(qtype) in PIPE_DEFAULT_TYPES
-        elif "," in env or env not in ("0", "1"):     # a list of type ids (A/B timing)
+        elif env in ("0", "1"):
+            on = env == "1"
+        else:                                          # a list of type ids (A/B timing)
             on = int(qtype) in {int(v) for v in env.split(",") if v.strip()}
-        else:
-            on = env != "0"
     if not on or int(qtype) not in PIPE_TYPES:
         return None
     rt = int(cfg.get("rt", 0)) or PIPE_RT.get(int(qtype), 0) or int(

@@ -11,8 +11,9 @@
 // Lane t of a row covers the 8-element run t of every 32-element group j (elements 8t..8t+7):
 // slots 4t..4t+3 take elements 8t..8t+3 and slots 16+4t.. take 8t+4..8t+7, so x is one 8-byte
 // load at element 32j + 8t (as Q4_K). The IQ2 formats scale each 16-element half of a group apart
-// (SPLIT): lanes 0-1 hold the first half, lanes 2-3 the second; tf_mma_block runs one mma per
-// half with the other half's B slots zeroed, and scale() returns (ws of half 0, ws of half 1).
+// (SPLIT): lanes 0-1 hold the first half, lanes 2-3 the second; tf_mma_group (gemv_mma.cuh) runs
+// one mma per half with the other half's B slots zeroed, and scale() returns (ws of half 0, ws of
+// half 1).
 // Blocks are only 2-byte aligned, so raw loads are 8- and 16-bit; tf_mma_pipe stages them through
 // shared memory (gemv_mma.PIPE_TYPES).
 #pragma once
