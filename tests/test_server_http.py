@@ -165,6 +165,31 @@ def test_metrics_count_tokens(http):
     assert m1["tightfit:requests_total"] == m0["tightfit:requests_total"] + 1
 
 
+# The tests below need a generation that is still running when the client acts (disconnects,
+# queues a second request). The demo model can write hundreds of tokens a second on a fast CPU,
+# so they pace it: each token takes at least PACE_S, whatever the machine.
+PACE_S = 0.02
+
+
+@pytest.fixture()
+def paced(engine, monkeypatch):
+    """The engine, generating at most one token per PACE_S (the pause is after each token)."""
+    inner = engine.generate
+
+    def generate(*args, **kwargs):
+        gen = inner(*args, **kwargs)
+        try:
+            for ev in gen:
+                yield ev
+                if ev.token is not None:
+                    time.sleep(PACE_S)
+        finally:
+            gen.close()
+
+    monkeypatch.setattr(engine, "generate", generate)
+    return engine
+
+
 def _wait(cond, timeout=60.0):
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
@@ -177,7 +202,7 @@ def _wait(cond, timeout=60.0):
 @pytest.mark.parametrize("path, body", [
     ("/v1/completions", {"prompt": "Never ending"}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Never ending"}]})])
-def test_disconnect_mid_stream_stops_generation(http, server, path, body):
+def test_disconnect_mid_stream_stops_generation(paced, http, server, path, body):
     m0 = _metrics(http)
     body = {**body, "max_tokens": 400, "stream": True, "temperature": 0}
     with httpx.Client(base_url=server.url, timeout=60) as c2:
@@ -195,9 +220,9 @@ def test_disconnect_mid_stream_stops_generation(http, server, path, body):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
 
-def test_disconnect_of_a_non_streamed_request(http, server):
+def test_disconnect_of_a_non_streamed_request(paced, http, server):
     m0 = _metrics(http)
-    with pytest.raises(httpx.ReadTimeout):
+    with pytest.raises(httpx.ReadTimeout):      # 480 paced tokens take >= 9.6 s
         httpx.post(server.url + "/v1/completions", timeout=1.0,
                    json={"prompt": "Long", "max_tokens": 480, "temperature": 0,
                          "repeat_penalty": 1.0})
@@ -248,7 +273,8 @@ def test_api_key(engine):
         assert c.get("/metrics", headers={"X-Api-Key": "s3cret"}).status_code == 200
 
 
-def test_full_queue_answers_503_with_retry_after(engine):
+def test_full_queue_answers_503_with_retry_after(paced):
+    engine = paced
     with _serve(engine, queue_size=1) as srv:
         body = {"prompt": "Busy busy", "max_tokens": 150, "temperature": 0}
         results: list[httpx.Response] = []
@@ -276,7 +302,7 @@ def test_full_queue_answers_503_with_retry_after(engine):
         assert results[0].json()["choices"][0]["text"] == results[1].json()["choices"][0]["text"]
 
 
-def test_disconnect_while_queued_drops_the_request(http, server):
+def test_disconnect_while_queued_drops_the_request(paced, http, server):
     m0 = _metrics(http)
     done = []
     long = threading.Thread(target=lambda: done.append(httpx.post(
