@@ -274,8 +274,7 @@ def test_api_key(engine):
 
 
 def test_full_queue_answers_503_with_retry_after(paced):
-    engine = paced
-    with _serve(engine, queue_size=1) as srv:
+    with _serve(paced, queue_size=1) as srv:
         body = {"prompt": "Busy busy", "max_tokens": 150, "temperature": 0}
         results: list[httpx.Response] = []
         lock = threading.Lock()
